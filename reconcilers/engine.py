@@ -1,0 +1,330 @@
+"""The pipeline: observe -> diff -> plan -> apply -> verify, in `needs` order.
+
+The engine owns ordering, the apply passes, verification, the journal and the
+status of each resource; reconcilers only answer for their own kind. Verification
+is the reconciler's own observe + diff run again, so it can never disagree with
+`diff`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from . import ID_PREFIXES, reconciler_for
+from .base import (
+    Action,
+    ActionResult,
+    ApplyError,
+    Context,
+    Drift,
+    ObserveError,
+    Plan,
+    Reconciler,
+    Resource,
+    Result,
+    Status,
+    to_plain,
+)
+from .host import Host
+from .statefile import LoadedState
+
+# A resource is worked on in passes (plan, act, observe) until nothing is left to do,
+# like a controller requeueing: some fixes only show their next step once the first is
+# done (unmask, then disable). Bounded, and a pass that plans what the last one did
+# again stops the loop: no progress is not retried forever.
+MAX_PASSES = 3
+SETTLE_POLL = 0.25
+
+
+@dataclass(frozen=True)
+class ResourceReport:
+    resource: Resource
+    status: Status
+    drift: tuple[Drift, ...] = ()
+    actions: tuple[ActionResult, ...] = ()
+    message: str = ""
+    observed: Any = None
+    summary: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return any(a.result is Result.DONE for a in self.actions)
+
+
+@dataclass(frozen=True)
+class RunReport:
+    command: str
+    state_file: str
+    host: str
+    resources: tuple[ResourceReport, ...]
+    host_pattern: str | None = None
+    host_matches: bool = True
+    dry_run: bool = False
+    started: float = 0.0
+    finished: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    def count(self, status: Status) -> int:
+        return sum(1 for r in self.resources if r.status is status)
+
+    @property
+    def actions_done(self) -> int:
+        return sum(1 for r in self.resources for a in r.actions if a.result is Result.DONE)
+
+    @property
+    def exit_code(self) -> int:
+        """0 converged, 1 error, 2 drift remains (diff: any drift at all)."""
+        statuses = {r.status for r in self.resources}
+        if Status.ERROR in statuses:
+            return 1
+        settled = {Status.OK} if self.command == "diff" or self.dry_run else {Status.OK, Status.CONVERGING}
+        return 0 if statuses <= settled else 2
+
+
+class HostMismatch(Exception):
+    pass
+
+
+def host_matches(pattern: str | None, hostname: str) -> bool:
+    if not pattern:
+        return True
+    short = hostname.split(".", 1)[0]
+    return fnmatch.fnmatchcase(hostname, pattern) or fnmatch.fnmatchcase(short, pattern)
+
+
+def judge(drift: Sequence[Drift], plan: Plan) -> Status:
+    """A resource's status from its drift and the plan for it, the same for diff and apply."""
+    if not drift:
+        return Status.OK
+    if plan.converging:
+        return Status.CONVERGING
+    if plan.blocked:
+        return Status.BLOCKED
+    return Status.DRIFT
+
+
+def _plan_message(plan: Plan) -> str:
+    return "; ".join(m for m in (plan.blocked, plan.converging, plan.message) if m)
+
+
+class Engine:
+    def __init__(self, state: LoadedState, host: Host | None = None,
+                 journal: Callable[[dict[str, Any]], None] | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.state = state
+        self.host = host or Host()
+        self.journal = journal
+        self.clock = clock
+        self._reconcilers: dict[str, Reconciler] = {}
+        self.ctx = Context(resources=state.by_id)
+
+    def reconciler(self, resource: Resource) -> Reconciler:
+        key = ID_PREFIXES[resource.kind]
+        if key not in self._reconcilers:
+            self._reconcilers[key] = reconciler_for(key)
+        return self._reconcilers[key]
+
+    # --- observe ---------------------------------------------------------------------
+
+    def observe(self, resources: Sequence[Resource]) -> dict[str, Any]:
+        """Observed state (or an ObserveError) by id, one batched call per kind."""
+        by_kind: dict[str, list[Resource]] = {}
+        for r in resources:
+            by_kind.setdefault(r.kind, []).append(r)
+        observed: dict[str, Any] = {}
+        for group in by_kind.values():
+            rec = self.reconciler(group[0])
+            try:
+                found = rec.observe(self.host, group)
+            except ObserveError as exc:
+                found = {r.id: exc for r in group}
+            except Exception as exc:  # a bug in a reconciler must not hide the other resources
+                if os.environ.get("RECONCILE_DEBUG"):
+                    raise
+                found = {r.id: ObserveError(f"internal error while observing: {type(exc).__name__}: {exc}")
+                         for r in group}
+            for r in group:
+                observed[r.id] = found.get(r.id, ObserveError("not observed"))
+        return observed
+
+    def _assess(self, r: Resource, obs: Any) -> tuple[list[Drift], Plan]:
+        rec = self.reconciler(r)
+        drift = rec.diff(r, obs)
+        return drift, rec.plan(r, obs, drift, self.ctx)
+
+    def _report(self, r: Resource, obs: Any, actions: Sequence[ActionResult] = (),
+                extra: str = "", status: Status | None = None) -> ResourceReport:
+        if isinstance(obs, ObserveError):
+            return ResourceReport(r, Status.ERROR, actions=tuple(actions),
+                                  message="; ".join(m for m in (str(obs), extra) if m))
+        drift, plan = self._assess(r, obs)
+        planned = tuple(ActionResult(a, Result.PLANNED) for a in plan.actions) if not actions else ()
+        return ResourceReport(
+            r, status or judge(drift, plan), tuple(drift), tuple(actions) or planned,
+            "; ".join(m for m in (extra, _plan_message(plan)) if m), obs,
+            self.reconciler(r).summary(r, obs),
+        )
+
+    # --- diff ------------------------------------------------------------------------
+
+    def diff(self, command: str = "diff") -> RunReport:
+        started = self.clock()
+        observed = self.observe(self.state.resources)
+        reports = []
+        for r in self.state.resources:
+            try:
+                reports.append(self._report(r, observed[r.id]))
+            except Exception as exc:
+                if os.environ.get("RECONCILE_DEBUG"):
+                    raise
+                reports.append(ResourceReport(r, Status.ERROR, message=f"internal error: {exc!r}"))
+        return self._run_report(command, reports, started, dry_run=command != "diff")
+
+    def _run_report(self, command: str, reports: list[ResourceReport], started: float,
+                    dry_run: bool = False) -> RunReport:
+        hostname = self.host.hostname()
+        matches = host_matches(self.state.host, hostname)
+        notes = () if matches else (f"this host is {hostname!r}, the state file is for {self.state.host!r}",)
+        return RunReport(command, self.state.path, hostname, tuple(reports), self.state.host, matches,
+                         dry_run, started, self.clock(), notes)
+
+    # --- apply -----------------------------------------------------------------------
+
+    def apply(self, on_result: Callable[[ResourceReport], None] | None = None) -> RunReport:
+        started = self.clock()
+        hostname = self.host.hostname()
+        if not host_matches(self.state.host, hostname):
+            raise HostMismatch(f"this host is {hostname!r}, but {self.state.path} is for "
+                               f"{self.state.host!r}: refusing to apply")
+        observed = self.observe(self.state.resources)
+        observed_at = {r.id: 0 for r in self.state.resources}
+        generation = 0  # bumps each time anything on the host was changed
+        final: dict[str, ResourceReport] = {}
+
+        for r in self.state.resources:
+            try:
+                if observed_at[r.id] != generation:
+                    # Something acted since this was observed (a unit stop frees GPUs): look again.
+                    observed[r.id] = self.observe([r])[r.id]
+                report, changed = self._apply_one(r, observed[r.id], final)
+            except Exception as exc:
+                if os.environ.get("RECONCILE_DEBUG"):
+                    raise
+                report, changed = ResourceReport(r, Status.ERROR, message=f"internal error: {exc!r}"), False
+            if changed:
+                generation += 1
+            final[r.id] = report
+            if on_result:
+                on_result(report)
+        return self._run_report("apply", [final[r.id] for r in self.state.resources], started)
+
+    def _apply_one(self, r: Resource, obs: Any, final: dict[str, ResourceReport]) -> tuple[ResourceReport, bool]:
+        if isinstance(obs, ObserveError):
+            return self._report(r, obs), False
+        unmet = [n for n in r.needs if n in final and final[n].status is not Status.OK]
+        if unmet:
+            drift, plan = self._assess(r, obs)
+            if not drift:
+                return self._report(r, obs), False
+            skipped = tuple(ActionResult(a, Result.SKIPPED) for a in plan.actions)
+            why = ", ".join(f"{n} is {final[n].status.value}" for n in unmet)
+            return ResourceReport(r, Status.BLOCKED, tuple(drift), skipped,
+                                  f"not acted on: needs not ok ({why})", obs,
+                                  self.reconciler(r).summary(r, obs)), False
+
+        rec = self.reconciler(r)
+        results: list[ActionResult] = []
+        done_before: list[tuple[str, str]] = []
+        failure = ""
+        for _ in range(MAX_PASSES):
+            drift, plan = self._assess(r, obs)
+            if not plan.actions:
+                break
+            signature = [(a.action, a.target) for a in plan.actions]
+            if signature == done_before[-len(signature):]:
+                break  # the same actions again would not change anything
+            before = to_plain(obs)
+            pass_results = []
+            for action in plan.actions:
+                t0 = self.clock()
+                try:
+                    msg = rec.apply(self.host, r, action)
+                    pass_results.append(ActionResult(action, Result.DONE, msg or "", t0, self.clock()))
+                except (ApplyError, PermissionError, OSError) as exc:
+                    pass_results.append(ActionResult(action, Result.FAILED, str(exc), t0, self.clock()))
+                    failure = f"{action.action} {action.target} failed: {exc}"
+                    break
+            done_before.extend(signature)
+            obs = self._verify(r, obs)
+            after = None if isinstance(obs, ObserveError) else to_plain(obs)
+            self._journal(r, pass_results, before, after)
+            results.extend(pass_results)
+            # Actions the failed one would have been followed by are reported as skipped.
+            if failure:
+                done = {id(p.action) for p in pass_results}
+                results.extend(ActionResult(a, Result.SKIPPED) for a in plan.actions if id(a) not in done)
+                break
+            if isinstance(obs, ObserveError):
+                break
+
+        changed = any(a.result is Result.DONE for a in results)
+        if not results:
+            return self._report(r, obs), False
+        report = self._report(r, obs, results, extra=failure)
+        if report.status is Status.OK and failure:
+            report = replace(report, status=Status.DRIFT)
+        elif report.status is Status.DRIFT:
+            report = replace(report, message="; ".join(
+                m for m in ("not verified: drift remains after acting", report.message) if m))
+        return report, changed
+
+    def _verify(self, r: Resource, previous: Any) -> Any:
+        """Observe again; poll up to the resource's settle time for the drift to clear."""
+        deadline = time.monotonic() + r.settle
+        while True:
+            obs = self.observe([r])[r.id]
+            if isinstance(obs, ObserveError):
+                return obs
+            drift, _ = self._assess(r, obs)
+            if not drift or time.monotonic() >= deadline:
+                return obs
+            time.sleep(min(SETTLE_POLL, max(0.0, deadline - time.monotonic())))
+
+    def _journal(self, r: Resource, results: Sequence[ActionResult], before: Any, after: Any) -> None:
+        if not self.journal:
+            return
+        for res in results:
+            self.journal({
+                "time": _iso(res.finished or self.clock()),
+                "started": _iso(res.started) if res.started else None,
+                "resource": r.id,
+                "action": res.action.action,
+                "target": res.action.target,
+                "description": res.action.description,
+                "result": res.result.value,
+                "message": res.message,
+                "before": before,
+                "after": after,
+            })
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z"
+
+
+@dataclass
+class ActionLog:
+    """Collects journal entries in memory (tests, saved plans)."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, entry: dict[str, Any]) -> None:
+        self.entries.append(entry)
+
+
+__all__ = ["Engine", "RunReport", "ResourceReport", "HostMismatch", "judge", "host_matches", "Action"]

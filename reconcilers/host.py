@@ -1,0 +1,106 @@
+"""The only door to the machine: run a command with a deadline, read a file, signal a process.
+
+Reconcilers never call subprocess/os directly for host access, so a test, a
+remote run or a prefix (`nsenter`, `pct exec`) changes one place.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def brief(self) -> str:
+        """The command and its first error line, for messages."""
+        err = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        return f"`{' '.join(self.argv)}` exited {self.returncode}" + (f": {err[0]}" if err else "")
+
+
+class CommandTimeout(Exception):
+    pass
+
+
+class Host:
+    """The local machine, optionally behind a command prefix."""
+
+    def __init__(self, prefix: tuple[str, ...] = ()):
+        self.prefix = prefix
+
+    def run(self, argv: list[str] | tuple[str, ...], timeout: float = 30.0, env: dict | None = None,
+            input: str | None = None) -> CommandResult:
+        """Run a command to completion or kill it at the deadline.
+
+        The child gets its own session so the kill reaches its whole process group.
+        A child stuck in D-state cannot die; we wait a bounded 2 s after the kill
+        and abandon it rather than hang with it.
+        """
+        full = (*self.prefix, *argv)
+        try:
+            proc = subprocess.Popen(full, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=env, start_new_session=True)
+        except FileNotFoundError as exc:
+            return CommandResult(tuple(full), 127, "", f"{full[0]}: command not found ({exc.strerror})")
+        try:
+            out, err = proc.communicate(input=input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.communicate(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+            raise CommandTimeout(f"`{' '.join(full)}` did not finish within {timeout:g}s") from None
+        return CommandResult(tuple(full), proc.returncode, out, err)
+
+    def which(self, name: str) -> str | None:
+        from shutil import which
+
+        return which(name)
+
+    def read_text(self, path: str) -> str:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            return fh.read()
+
+    def hostname(self) -> str:
+        return socket.gethostname()
+
+    def signal(self, pid: int, sig: int) -> None:
+        # The last line of defence for "never PID 1, never ourselves", whatever a plan says.
+        if pid <= 1 or pid == os.getpid() or pid == os.getppid():
+            raise PermissionError(f"refusing to signal pid {pid}")
+        os.kill(pid, sig)
+
+    def pid_alive(self, pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # A zombie still answers kill(0); it holds nothing any more.
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, IndexError):
+            return False
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
