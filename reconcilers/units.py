@@ -80,7 +80,7 @@ def parse_show(output: str, names: Sequence[str]) -> dict[str, UnitObserved]:
     if len(blocks) != len(names):
         raise ObserveError(f"systemctl show returned {len(blocks)} unit blocks for {len(names)} units")
     observed = {}
-    for name, props in zip(names, blocks):
+    for name, props in zip(names, blocks, strict=True):
         try:
             pid = int(props.get("MainPID", "0") or 0)
         except ValueError:
