@@ -15,7 +15,10 @@ from typing import Any
 from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
 from .host import CommandTimeout, Host
 
-PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "MainPID")
+PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "MainPID", "FragmentPath")
+# systemctl mask replaces the unit file in /etc with a link to /dev/null and refuses when the
+# unit file itself lives there.
+ADMIN_UNIT_DIR = "/etc/systemd/system/"
 
 # UnitFileState values (systemctl is-enabled) that `enable`/`disable` cannot change:
 # the unit has no [Install] section, or is pulled in by another unit, or is made at boot.
@@ -38,6 +41,7 @@ class UnitObserved:
     sub_state: str  # running, dead, exited, auto-restart, ...
     unit_file_state: str  # enabled, disabled, static, masked, ... ("" when not found)
     main_pid: int
+    fragment_path: str = ""
 
     @property
     def exists(self) -> bool:
@@ -92,6 +96,7 @@ def parse_show(output: str, names: Sequence[str]) -> dict[str, UnitObserved]:
             sub_state=props.get("SubState", ""),
             unit_file_state=props.get("UnitFileState", ""),
             main_pid=pid,
+            fragment_path=props.get("FragmentPath", ""),
         )
     return observed
 
@@ -158,7 +163,14 @@ class UnitsReconciler(Reconciler):
         have_enabled = observed.enabled
         if want_enabled is not None:
             if want_enabled == "masked":
-                actions.append(Action("mask", name, f"mask {name}"))
+                if observed.fragment_path.startswith(ADMIN_UNIT_DIR):
+                    blocked.append(
+                        f"{name} cannot be masked: its unit file is {observed.fragment_path}, which a mask "
+                        f"would have to replace (systemctl refuses); move it to /usr/local/lib/systemd/system "
+                        f"or declare `enabled: false`"
+                    )
+                else:
+                    actions.append(Action("mask", name, f"mask {name}"))
             elif have_enabled == "masked":
                 actions.append(Action("unmask", name, f"unmask {name}"))
                 # What the unit is after unmasking cannot be seen while it is masked; the

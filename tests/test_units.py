@@ -1,0 +1,384 @@
+"""Units on a real systemd 252 (PID 1 of its own namespace): the CLI as a user runs it,
+checked with systemctl itself, never through reconcile's own code."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_support import cli_env, reconcile_argv
+
+SERVICE = """[Unit]
+Description=test service {name}
+[Service]
+ExecStart=/bin/sleep infinity
+{extra}
+[Install]
+WantedBy=multi-user.target
+"""
+STATIC = "[Unit]\nDescription=static\n[Service]\nExecStart=/bin/sleep infinity\n"
+VLLM = "vllm-kimi-k25-int4.service"
+
+
+def service(name: str, extra: str = "") -> str:
+    return SERVICE.format(name=name, extra=extra)
+
+
+class Cli:
+    """Runs reconcile inside the namespace with per-test cache and journal."""
+
+    def __init__(self, nsd, tmp: Path):
+        self.nsd, self.tmp = nsd, tmp
+        self.journal = tmp / "journal.jsonl"
+
+    def state(self, text: str, name: str = "state.yaml") -> Path:
+        path = self.tmp / name
+        path.write_text(text)
+        return path
+
+    def __call__(self, *args: str, timeout: float = 120, **env: str):
+        if args and args[0] == "apply" and "--dry-run" not in args and "--journal" not in args:
+            args = (*args, "--journal", str(self.journal))
+        return self.nsd.run(reconcile_argv(*args), env=cli_env(self.tmp, **env), timeout=timeout)
+
+    def json(self, *args: str):
+        proc = self(*args, "--format", "json")
+        assert proc.stdout, proc.stderr
+        return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.fixture
+def cli(nsystemd, tmp_path):
+    return Cli(nsystemd, tmp_path)
+
+
+def is_active(nsd, unit):
+    return nsd.systemctl("is-active", unit).stdout.strip()
+
+
+def is_enabled(nsd, unit):
+    return nsd.systemctl("is-enabled", unit).stdout.strip()
+
+
+SEED_STATE = f"""version: 1
+units:
+  {VLLM}:
+    active: false
+    enabled: false
+"""
+
+
+def start_seed_unit(nsd):
+    nsd.write_unit(VLLM, service(VLLM, "Restart=always\nRestartSec=100ms"), enable=True)
+    nsd.systemctl("start", VLLM, check=True)
+    assert is_active(nsd, VLLM) == "active" and is_enabled(nsd, VLLM) == "enabled"
+
+
+def test_seed_unit_diff_apply_verify_and_idempotent(nsystemd, cli):
+    start_seed_unit(nsystemd)
+    state = cli.state(SEED_STATE)
+
+    code, report = cli.json("diff", str(state))
+    assert code == 2
+    [res] = report["resources"]
+    assert res["id"] == f"unit:{VLLM}" and res["kind"] == "unit" and res["status"] == "drift"
+    assert res["drift"] == [{"field": "active", "want": False, "have": True},
+                            {"field": "enabled", "want": False, "have": True}]
+    assert [(a["action"], a["target"], a["result"]) for a in res["actions"]] == [
+        ("disable", VLLM, "planned"), ("stop", VLLM, "planned")]
+    assert report["format_version"] == "1" and report["command"] == "diff"
+    assert report["summary"]["drift"] == 1
+    # diff changed nothing
+    assert is_active(nsystemd, VLLM) == "active" and is_enabled(nsystemd, VLLM) == "enabled"
+
+    proc = cli("apply", str(state))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Applied 2 actions" in proc.stdout
+    # Checked with systemctl, not with reconcile; Restart=always did not bring it back.
+    time.sleep(0.5)
+    assert is_active(nsystemd, VLLM) == "inactive"
+    assert is_enabled(nsystemd, VLLM) == "disabled"
+
+    again = cli("apply", str(state))
+    assert again.returncode == 0
+    assert "No changes" in again.stdout
+    code, report = cli.json("apply", str(state))
+    assert code == 0 and report["summary"]["actions_done"] == 0
+    assert report["resources"][0]["actions"] == []
+
+    assert cli("diff", str(state)).returncode == 0
+
+
+def test_journal_has_one_line_per_action_in_order(nsystemd, cli):
+    start_seed_unit(nsystemd)
+    state = cli.state(SEED_STATE)
+    assert cli("apply", str(state)).returncode == 0
+    lines = [json.loads(line) for line in cli.journal.read_text().splitlines()]
+    assert [(e["resource"], e["action"], e["result"]) for e in lines] == [
+        (f"unit:{VLLM}", "disable", "done"), (f"unit:{VLLM}", "stop", "done")]
+    for e in lines:
+        assert e["time"].endswith("Z")
+        assert e["before"]["active_state"] == "active"
+        assert e["after"]["active_state"] == "inactive" and e["after"]["unit_file_state"] == "disabled"
+    # a second apply adds nothing
+    assert cli("apply", str(state)).returncode == 0
+    assert len(cli.journal.read_text().splitlines()) == 2
+
+
+def test_start_enable_and_needs_order(nsystemd, cli):
+    nsystemd.write_unit("t-db.service", service("db"))
+    nsystemd.write_unit("t-app.service", service("app"))
+    state = cli.state("""version: 1
+units:
+  t-app.service:
+    active: true
+    enabled: true
+    needs: [unit:t-db.service]
+  t-db.service:
+    active: true
+""")
+    code, report = cli.json("apply", str(state))
+    assert code == 0, report
+    assert [r["id"] for r in report["resources"]] == ["unit:t-db.service", "unit:t-app.service"]
+    assert is_active(nsystemd, "t-db.service") == "active"
+    assert is_active(nsystemd, "t-app.service") == "active"
+    assert is_enabled(nsystemd, "t-app.service") == "enabled"
+    starts = [e["target"] for e in map(json.loads, cli.journal.read_text().splitlines()) if e["action"] == "start"]
+    assert starts == ["t-db.service", "t-app.service"]
+
+
+def test_need_not_ok_blocks_dependent(nsystemd, cli):
+    # t-broken cannot start (its ExecStart fails), so t-after must not be started.
+    nsystemd.write_unit("t-broken.service", "[Service]\nType=oneshot\nExecStart=/bin/false\n")
+    nsystemd.write_unit("t-after.service", service("after"))
+    state = cli.state("""version: 1
+units:
+  t-broken.service:
+    active: true
+  t-after.service:
+    active: true
+    needs: [unit:t-broken.service]
+""")
+    code, report = cli.json("apply", str(state))
+    assert code == 2
+    broken, after = report["resources"]
+    assert broken["status"] == "drift" and broken["actions"][0]["result"] == "failed"
+    assert after["status"] == "blocked" and "unit:t-broken.service" in after["message"]
+    assert [a["result"] for a in after["actions"]] == ["skipped"]
+    assert is_active(nsystemd, "t-after.service") == "inactive"
+
+
+def runtime_unit(nsd, name, text):
+    """A unit file in /run/systemd/system (the namespace's tmpfs /run): unlike one in /etc, it can be masked."""
+    path = nsd.root / "run/systemd/system" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    nsd.systemctl("daemon-reload", check=True)
+    return path
+
+
+def test_masked_units(nsystemd, cli):
+    path = runtime_unit(nsystemd, "t-mask.service", service("mask"))
+    nsystemd.systemctl("start", "t-mask.service", check=True)
+    try:
+        _masked_units(nsystemd, cli)
+    finally:
+        nsystemd.systemctl("stop", "t-mask.service")
+        nsystemd.systemctl("unmask", "t-mask.service")
+        path.unlink()
+        nsystemd.systemctl("daemon-reload")
+
+
+def test_mask_refused_for_unit_file_in_etc_is_blocked_but_stopped(nsystemd, cli):
+    nsystemd.write_unit("t-etc.service", service("etc"))
+    nsystemd.systemctl("start", "t-etc.service", check=True)
+    state = cli.state("version: 1\nunits:\n  t-etc.service:\n    active: false\n    enabled: masked\n")
+    code, report = cli.json("apply", str(state))
+    assert code == 2
+    res = report["resources"][0]
+    assert res["status"] == "blocked" and "/etc/systemd/system/t-etc.service" in res["message"]
+    assert [(a["action"], a["result"]) for a in res["actions"]] == [("stop", "done")]
+    assert is_active(nsystemd, "t-etc.service") == "inactive"
+
+
+def _masked_units(nsystemd, cli):
+    state = cli.state("version: 1\nunits:\n  t-mask.service:\n    active: false\n    enabled: masked\n")
+    code, report = cli.json("apply", str(state))
+    assert code == 0, report
+    assert is_enabled(nsystemd, "t-mask.service") == "masked"
+    assert is_active(nsystemd, "t-mask.service") == "inactive"
+    # masked -> declared disabled again: unmask (and nothing more is needed)
+    state2 = cli.state("version: 1\nunits:\n  t-mask.service:\n    enabled: false\n", "s2.yaml")
+    code, report = cli.json("apply", str(state2))
+    assert code == 0, report
+    assert is_enabled(nsystemd, "t-mask.service") == "disabled"
+    # a masked unit that must run is blocked, not looped on
+    nsystemd.systemctl("mask", "t-mask.service", check=True)
+    state3 = cli.state("version: 1\nunits:\n  t-mask.service:\n    active: true\n", "s3.yaml")
+    code, report = cli.json("apply", str(state3))
+    assert code == 2 and report["resources"][0]["status"] == "blocked"
+    assert "masked" in report["resources"][0]["message"]
+
+
+def test_unmask_then_disable_in_one_apply(nsystemd, cli):
+    # Masked while its WantedBy link exists: unmasking reveals "enabled", a second pass disables.
+    path = runtime_unit(nsystemd, "t-um.service", service("um"))
+    try:
+        nsystemd.systemctl("enable", "t-um.service", check=True)
+        nsystemd.systemctl("mask", "t-um.service", check=True)
+        assert is_enabled(nsystemd, "t-um.service") == "masked"
+        state = cli.state("version: 1\nunits:\n  t-um.service:\n    enabled: false\n")
+        code, report = cli.json("apply", str(state))
+        assert code == 0, report
+        assert [a["action"] for a in report["resources"][0]["actions"]] == ["unmask", "disable"]
+        assert is_enabled(nsystemd, "t-um.service") == "disabled"
+    finally:
+        nsystemd.systemctl("unmask", "t-um.service")
+        nsystemd.systemctl("disable", "t-um.service")
+        path.unlink()
+        nsystemd.systemctl("daemon-reload")
+
+
+def test_not_found_units(nsystemd, cli):
+    state = cli.state("version: 1\nunits:\n  t-ghost.service:\n    active: false\n    enabled: false\n"
+                      "  t-ghost2.service:\n    active: true\n")
+    code, report = cli.json("diff", str(state))
+    ghost, ghost2 = report["resources"]
+    assert ghost["status"] == "ok" and "not installed" in ghost["message"]
+    assert ghost2["status"] == "blocked" and "not found" in ghost2["message"]
+    assert code == 2
+    code, _ = cli.json("apply", str(state))
+    assert code == 2
+
+
+def test_static_unit_cannot_be_disabled(nsystemd, cli):
+    nsystemd.write_unit("t-static.service", STATIC)
+    nsystemd.systemctl("start", "t-static.service", check=True)
+    assert is_enabled(nsystemd, "t-static.service") == "static"
+    state = cli.state("version: 1\nunits:\n  t-static.service:\n    active: false\n    enabled: false\n")
+    code, report = cli.json("apply", str(state))
+    assert code == 2
+    res = report["resources"][0]
+    assert res["status"] == "blocked" and "static" in res["message"] and "enabled: masked" in res["message"]
+    assert [(a["action"], a["result"]) for a in res["actions"]] == [("stop", "done")]
+    assert is_active(nsystemd, "t-static.service") == "inactive"
+    # and a second apply does not try again
+    code, report = cli.json("apply", str(state))
+    assert code == 2 and report["resources"][0]["actions"] == []
+
+
+def test_wrong_host_apply_refuses_diff_reports(nsystemd, cli):
+    nsystemd.write_unit("t-host.service", service("host"))
+    nsystemd.systemctl("start", "t-host.service", check=True)
+    nsystemd.set_hostname("gpu-node-7")
+    state = cli.state("version: 1\nhost: kpro6-*\nunits:\n  t-host.service:\n    active: false\n")
+    proc = cli("apply", str(state))
+    assert proc.returncode == 1
+    assert "gpu-node-7" in proc.stderr and "kpro6-*" in proc.stderr and "Traceback" not in proc.stderr
+    assert is_active(nsystemd, "t-host.service") == "active"
+    code, report = cli.json("diff", str(state))
+    assert report["host"] == "gpu-node-7" and report["host_matches"] is False
+    assert any("kpro6-*" in n for n in report["notes"])
+    nsystemd.set_hostname("kpro6-ct129")
+    assert cli("apply", str(state)).returncode == 0
+    assert is_active(nsystemd, "t-host.service") == "inactive"
+
+
+def test_lock_contention_between_two_real_processes(nsystemd, cli):
+    # Stopping this unit takes ~3 s (ExecStop), which keeps the first apply inside the lock.
+    nsystemd.write_unit("t-slow.service", service("slow", "ExecStop=/bin/sleep 3"))
+    nsystemd.systemctl("start", "t-slow.service", check=True)
+    state = cli.state("version: 1\nunits:\n  t-slow.service:\n    active: false\n")
+    lock_file = cli.journal.parent / "lock"
+    first = nsystemd.popen(reconcile_argv("apply", str(state), "--journal", str(cli.journal)),
+                           env=cli_env(cli.tmp), stdout=-1, stderr=-1, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (lock_file.exists() and lock_file.read_text().strip()):
+            assert time.monotonic() < deadline, "first apply never took the lock"
+            assert first.poll() is None, first.communicate()
+            time.sleep(0.05)
+        holder = json.loads(lock_file.read_text())
+        second = cli("apply", str(state))
+        assert second.returncode == 1
+        assert "another reconcile apply holds" in second.stderr
+        assert f"pid {holder['pid']}" in second.stderr and holder["started"] in second.stderr
+        waiting = cli("apply", str(state), "--lock-timeout", "60s")
+        assert waiting.returncode == 0, waiting.stderr
+        out, err = first.communicate(timeout=60)
+        assert first.returncode == 0, out + err
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, 9)
+    assert is_active(nsystemd, "t-slow.service") == "inactive"
+    # only the first apply acted
+    assert [json.loads(line)["action"] for line in cli.journal.read_text().splitlines()] == ["stop"]
+
+
+def test_dry_run_changes_nothing(nsystemd, cli):
+    start_seed_unit(nsystemd)
+    state = cli.state(SEED_STATE)
+    code, report = cli.json("apply", "--dry-run", str(state))
+    assert code == 2 and report["dry_run"] is True
+    assert {a["result"] for a in report["resources"][0]["actions"]} == {"planned"}
+    assert is_active(nsystemd, VLLM) == "active"
+
+
+def test_default_state_file_lookup(nsystemd, cli, tmp_path):
+    nsystemd.write_unit("t-def.service", service("def"))
+    (tmp_path / "states").mkdir()
+    nsystemd.set_hostname("kpro6-ct129")
+    (tmp_path / "states" / "kpro6-ct129.yaml").write_text("version: 1\nunits:\n  t-def.service:\n    active: true\n")
+    proc = nsystemd.run(reconcile_argv("diff", "--format", "json"), env=cli_env(tmp_path), cwd=str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert json.loads(proc.stdout)["state_file"] == "states/kpro6-ct129.yaml"
+    env_state = cli.state("version: 1\nunits:\n  t-def.service:\n    active: false\n", "env.yaml")
+    proc = nsystemd.run(reconcile_argv("diff", "--format", "json"), cwd=str(tmp_path),
+                        env=cli_env(tmp_path, RECONCILE_STATE=str(env_state)))
+    assert proc.returncode == 0 and json.loads(proc.stdout)["state_file"] == str(env_state)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = nsystemd.run(reconcile_argv("diff"), env=cli_env(tmp_path), cwd=str(empty))
+    assert proc.returncode == 1
+    assert "states/kpro6-ct129.yaml" in proc.stderr and "state.yaml" in proc.stderr
+
+
+def test_many_units_one_batched_call(nsystemd, cli):
+    names = [f"t-many{i}.service" for i in range(30)]
+    for n in names:
+        nsystemd.write_unit(n, service(n))
+    state = cli.state("version: 1\nunits:\n" + "".join(f"  {n}:\n    active: false\n" for n in names))
+    code, report = cli.json("diff", str(state))
+    assert code == 0 and report["summary"]["ok"] == 30
+
+
+@pytest.mark.skipif(Path("/run/systemd/system").exists(), reason="this host runs systemd as PID 1 [ci-ok]")
+def test_unreachable_systemd_is_an_error_not_inactive(tmp_path):
+    # On this machine (and CI) PID 1 is not systemd: systemctl cannot reach a manager.
+    import subprocess
+
+    state = tmp_path / "s.yaml"
+    state.write_text("version: 1\nunits:\n  vllm.service:\n    active: false\n")
+    proc = subprocess.run(reconcile_argv("diff", "--format", "json", str(state)), capture_output=True,
+                          text=True, env=cli_env(tmp_path))
+    assert proc.returncode == 1
+    res = json.loads(proc.stdout)["resources"][0]
+    assert res["status"] == "error" and "cannot read unit state" in res["message"]
+
+
+def test_text_output_plan_style_without_colour_when_piped(nsystemd, cli):
+    start_seed_unit(nsystemd)
+    proc = cli("diff", str(cli.state(SEED_STATE)))
+    assert proc.returncode == 2
+    assert "\033[" not in proc.stdout
+    assert f"~ unit:{VLLM}" in proc.stdout
+    assert "active:  true -> false" in proc.stdout
+    assert f"→ stop {VLLM}" in proc.stdout
+    assert "Plan: 2 actions to take." in proc.stdout
+
+
+_ = sys
