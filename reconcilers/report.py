@@ -60,11 +60,6 @@ def to_json(report: RunReport) -> dict[str, Any]:
     }
 
 
-def render_json(report: RunReport, out: IO[str]) -> None:
-    json.dump(to_json(report), out, indent=2)
-    out.write("\n")
-
-
 # --- text ----------------------------------------------------------------------------
 
 class Style:
@@ -85,13 +80,14 @@ class Style:
 
 
 SIGILS = {
-    Status.OK: ("✓", "green"),
-    Status.DRIFT: ("~", "yellow"),
-    Status.CONVERGING: ("»", "cyan"),
-    Status.BLOCKED: ("!", "red"),
-    Status.ERROR: ("✗", "red"),
+    "ok": ("✓", "green"),
+    "drift": ("~", "yellow"),
+    "converging": ("»", "cyan"),
+    "blocked": ("!", "red"),
+    "error": ("✗", "red"),
 }
-RESULT_MARK = {Result.PLANNED: "→", Result.DONE: "✓", Result.FAILED: "✗", Result.SKIPPED: "-"}
+RESULT_MARK = {"planned": "→", "done": "✓", "failed": "✗", "skipped": "-"}
+RESULT_COLOUR = {"done": "green", "failed": "red", "skipped": "dim"}
 
 
 def _value(v: Any) -> str:
@@ -102,61 +98,70 @@ def _value(v: Any) -> str:
     return str(v)
 
 
-def render_text(report: RunReport, out: IO[str], verbose: bool = False, style: Style | None = None) -> None:
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def render_text(doc: dict[str, Any], out: IO[str], verbose: bool = False, style: Style | None = None) -> None:
+    """Text view of the JSON report, so a report from a remote host renders exactly like a local one."""
     s = style or Style(out)
-    title = f"reconcile {report.command}{' --dry-run' if report.dry_run else ''}: {report.state_file}"
-    out.write(s(title, "bold") + f" on {report.host}\n")
-    for note in report.notes:
+    title = f"reconcile {doc['command']}{' --dry-run' if doc.get('dry_run') else ''}: {doc['state_file']}"
+    out.write(s(title, "bold") + f" on {doc['host']}\n")
+    for note in doc.get("notes", []):
         out.write(s(f"warning: {note}", "yellow") + "\n")
     out.write("\n")
-    for rr in report.resources:
-        sigil, colour = SIGILS[rr.status]
-        head = f"  {s(sigil, colour)} {rr.resource.id}"
-        if rr.status is Status.OK:
-            detail = rr.summary if verbose else ""
+    for res in doc["resources"]:
+        status = res["status"]
+        sigil, colour = SIGILS[status]
+        head = f"  {s(sigil, colour)} {res['id']}"
+        if status == "ok" and not res["actions"]:
+            detail = res.get("summary", "") if verbose else ""
             out.write(head + s(f"  ok{'  (' + detail + ')' if detail else ''}", "dim") + "\n")
-            if rr.message and verbose:
-                out.write(f"      {rr.message}\n")
+            if res["message"] and verbose:
+                out.write(f"      {res['message']}\n")
             continue
-        out.write(head + "  " + s(rr.status.value, colour) + "\n")
-        width = max((len(d.field) for d in rr.drift), default=0)
-        for d in rr.drift:
-            out.write(f"      {d.field + ':':<{width + 1}} {_value(d.have)} -> {s(_value(d.want), 'bold')}\n")
-        for a in rr.actions:
-            mark = RESULT_MARK[a.result]
-            text = a.action.description or f"{a.action.action} {a.action.target}"
-            tail = f"  ({a.result.value}{': ' + a.message if a.message and a.result is not Result.DONE else ''})"
-            colour_a = {"done": "green", "failed": "red", "skipped": "dim"}.get(a.result.value)
-            out.write(f"      {s(mark, colour_a) if colour_a else mark} {text}"
-                      + (s(tail, "dim") if a.result is not Result.PLANNED else "") + "\n")
-        if rr.message:
-            for line in rr.message.split("\n"):
-                out.write(f"      {s(line, 'dim') if rr.status is not Status.ERROR else s(line, 'red')}\n")
+        out.write(head + "  " + s(status, colour) + "\n")
+        width = max((len(d["field"]) for d in res["drift"]), default=0)
+        for d in res["drift"]:
+            out.write(f"      {d['field'] + ':':<{width + 1}} {_value(d['have'])} -> {s(_value(d['want']), 'bold')}\n")
+        for a in res["actions"]:
+            result = a["result"]
+            text = a.get("description") or f"{a['action']} {a['target']}"
+            line = f"      {s(RESULT_MARK[result], RESULT_COLOUR.get(result, ''))} {text}"
+            if result != "planned":
+                why = f": {a['message']}" if a.get("message") and result != "done" else ""
+                line += s(f"  ({result}{why})", "dim")
+            out.write(line + "\n")
+        for line in res["message"].split("\n") if res["message"] else ():
+            out.write(f"      {s(line, 'red' if status == 'error' else 'dim')}\n")
     out.write("\n")
-    counts = ", ".join(f"{report.count(st)} {st.value}" for st in Status if report.count(st))
-    if report.command == "apply" and not report.dry_run:
-        n = report.actions_done
-        failed = sum(1 for r in report.resources for a in r.actions if a.result is Result.FAILED)
-        if n == 0 and failed == 0:
-            verdict = "No changes: nothing to do." if report.exit_code == 0 else "No actions taken."
+    summary = doc["summary"]
+    counts = ", ".join(f"{summary[st]} {st}" for st in STATUSES if summary.get(st))
+    if doc["command"] == "apply" and not doc.get("dry_run"):
+        done, failed = summary["actions_done"], summary["actions_failed"]
+        if done == 0 and failed == 0:
+            verdict = "No changes: nothing to do." if doc["exit_code"] == 0 else "No actions taken."
         else:
-            verdict = f"Applied {n} action{'s' if n != 1 else ''}" + (f", {failed} failed" if failed else "") + "."
-        out.write(s(verdict, "bold") + f" {counts}.\n")
+            verdict = f"Applied {_plural(done, 'action')}" + (f", {failed} failed" if failed else "") + "."
+    elif doc["exit_code"] == 0:
+        verdict = "No drift: the host matches the state file."
+    elif summary.get("error"):
+        verdict = f"Error: {_plural(summary['error'], 'resource')} could not be observed."
     else:
-        planned = sum(1 for r in report.resources for a in r.actions if a.result is Result.PLANNED)
-        if report.exit_code == 0:
-            out.write(s("No drift: the host matches the state file.", "bold") + f" {counts}.\n")
-        else:
-            out.write(s(f"Plan: {planned} action{'s' if planned != 1 else ''} to take.", "bold") + f" {counts}.\n")
+        verdict = f"Plan: {_plural(summary['actions_planned'], 'action')} to take."
+    out.write(s(verdict, "bold") + f" {counts}.\n")
 
 
-def render(report: RunReport, fmt: str, out: IO[str] | None = None, verbose: bool = False) -> None:
+def render(report: RunReport | dict[str, Any], fmt: str, out: IO[str] | None = None, verbose: bool = False) -> None:
+    """Render a report (or its JSON form, e.g. received from a remote host) in `fmt`."""
     out = out or sys.stdout
+    doc = report if isinstance(report, dict) else to_json(report)
     if fmt == "json":
-        render_json(report, out)
+        json.dump(doc, out, indent=2)
+        out.write("\n")
     elif fmt == "junit":
         from .junit import render_junit
 
-        render_junit(report, out)
+        render_junit(doc, out)
     else:
-        render_text(report, out, verbose=verbose)
+        render_text(doc, out, verbose=verbose)
