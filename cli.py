@@ -41,10 +41,19 @@ def resolve_state_file(given: str | None) -> str:
     raise AssertionError  # unreachable
 
 
+STATE_LABEL = "reconcile.state_label"  # click context meta key, set by --state-label
+
+
 def load_state(path: str):
+    """Load and validate FILE; `-` reads the state from stdin (as a remote target does), shown in
+    messages as --state-label NAME (default `<stdin>`), so errors point into the user's own file."""
     from .reconcilers.statefile import StateFileError, load
 
     try:
+        if path == "-":
+            ctx = click.get_current_context(silent=True)
+            label = (ctx.meta.get(STATE_LABEL) if ctx else None) or "<stdin>"
+            return load(label, text=sys.stdin.buffer.read())
         return load(path)
     except StateFileError as exc:
         for problem in exc.problems:
@@ -101,10 +110,80 @@ def _output_options(fn):
     return fn
 
 
+REMOTE_KEYS = ("host", "via", "remote_command", "ssh_options", "connect_timeout", "remote_timeout",
+               "inventory", "limit", "parallel", "report_dir")
+LOCAL_KEYS = ("file", "fmt", "verbose", "dry_run", "journal_path", "lock_timeout")
+
+
+def _remote_options(fn):
+    """Run on other machines instead (reconcilers/remote.py, reconcilers/inventory.py): --host, --via,
+    --inventory and their settings; also --state-label, which the far side is called with."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(**kw):
+        ctx = click.get_current_context()
+        label = kw.pop("state_label")
+        if label:
+            ctx.meta[STATE_LABEL] = label
+        picked = {k: kw.pop(k) for k in REMOTE_KEYS}
+        if not (picked["host"] or picked["via"] or picked["inventory"]):
+            if picked["limit"] or picked["report_dir"]:
+                fail("--limit and --report-dir need --inventory")
+            return fn(**kw)
+        from click.core import ParameterSource
+
+        from .reconcilers import remote
+
+        given = {k for k in kw if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE,
+                                                                 ParameterSource.ENVIRONMENT)}
+        # Options of diff/apply that have no meaning on a target are refused, not silently dropped.
+        opts = remote.RemoteOptions(**{**picked, "ssh_options": tuple(picked["ssh_options"])},
+                                    extra={p.opts[0]: kw[p.name] for p in ctx.command.params
+                                           if p.name in given and p.name not in LOCAL_KEYS})
+        sys.exit(remote.main(fn.__name__, kw.get("file"), kw["fmt"], kw["verbose"], opts,
+                             dry_run=kw.get("dry_run", False), journal=kw.get("journal_path"),
+                             lock_timeout=kw.get("lock_timeout") if "lock_timeout" in given else None))
+
+    for decorator in reversed([
+        click.option("--host", metavar="ssh://[USER@]HOST[:PORT]",
+                     help="Run on this host over SSH (the OpenSSH client): the state file goes there, "
+                          "its reconcile observes and acts, the report comes back."),
+        click.option("--via", metavar="'CMD ...'",
+                     help="Run on a target reached through this command prefix, e.g. "
+                          "'ssh root@pve pct exec 129 --' or 'nsenter -t PID -m -p'."),
+        click.option("--inventory", type=click.Path(dir_okay=False), metavar="HOSTS.yaml",
+                     help="Run on every host of this inventory, in parallel, with a summary table."),
+        click.option("--limit", metavar="PATTERN[,PATTERN]",
+                     help="Only inventory hosts whose name or group matches a pattern (fnmatch)."),
+        click.option("--parallel", type=click.IntRange(1, 256), default=10, show_default=True,
+                     help="Inventory hosts worked on at once."),
+        click.option("--report-dir", type=click.Path(file_okay=False),
+                     help="Also write each inventory host's JSON report to DIR/HOST.json."),
+        click.option("--remote-command", metavar="'CMD ...'",
+                     help="How to start reconcile on the target [default: reconcile], e.g. 'python3 -m reconcile'."),
+        click.option("--ssh-option", "ssh_options", multiple=True, metavar="KEY=VALUE",
+                     help="Extra ssh -o option, repeatable; taken before reconcile's own defaults. "
+                          "$RECONCILE_SSH_OPTS adds raw ssh arguments (e.g. '-F FILE -i KEY')."),
+        click.option("--connect-timeout", metavar="DURATION",
+                     help="Give up on a target that does not answer within this [default: 10s]."),
+        click.option("--remote-timeout", metavar="DURATION",
+                     help="Give up on a run on the target after this [default: 1h]."),
+        click.option("--state-label", metavar="NAME",
+                     help="With FILE '-' (state on stdin): the file name shown in messages and the report."),
+    ]):
+        wrapper = decorator(wrapper)
+    return wrapper
+
+
 @main.command()
 @click.argument("file", required=False)
 @_output_options
-def diff(file: str | None, fmt: str, verbose: bool) -> None:
+@_remote_options
+@click.option("--out", "out_path", type=click.Path(dir_okay=False),
+              help="Also save the plan to this file; `reconcile apply PLAN` carries out exactly its actions, "
+                   "and refuses when the host no longer matches it.")
+def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) -> None:
     """Show drift and the planned actions; change nothing.
 
     Exit 0: no drift; 2: drift; 1: error.
@@ -115,12 +194,31 @@ def diff(file: str | None, fmt: str, verbose: bool) -> None:
     state = load_state(resolve_state_file(file))
     report = Engine(state).diff()
     render(report, fmt, verbose=verbose)
+    if out_path:
+        _save_plan(report, out_path)
     sys.exit(report.exit_code)
+
+
+def _save_plan(report, out_path: str) -> None:
+    from .reconcilers.base import Status
+    from .reconcilers.report import to_json
+    from .reconcilers.savedplan import write_plan
+
+    if report.count(Status.ERROR):
+        # As Terraform: a plan made while part of the host could not be seen is not saved.
+        fail(f"no plan saved to {out_path}: {report.count(Status.ERROR)} resource(s) could not be observed")
+    try:
+        write_plan(to_json(report), report.state_file, out_path)
+    except OSError as exc:
+        fail(f"cannot write the plan {out_path}: {exc.strerror}")
+    click.echo(f"Saved the plan to {out_path}: `reconcile apply {out_path}` carries out exactly these actions.",
+               err=True)
 
 
 @main.command()
 @click.argument("file", required=False)
 @_output_options
+@_remote_options
 @click.option("--dry-run", is_flag=True, help="Plan only, as diff does; take no lock, change nothing.")
 @click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
               help="Journal file (default /var/lib/reconcile/journal.jsonl as root, "
@@ -131,6 +229,9 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
           lock_timeout: str) -> None:
     """Act until the host matches the state file, then verify by observing again.
 
+    FILE may also be a plan saved by `diff --out`: its actions are carried out and nothing
+    else, or none at all (exit 1) when the state file or the host changed since.
+
     Exit 0: every resource ok (or converging as intended); 2: drift remains;
     1: an error (bad input, lock held, wrong host, a resource that cannot be observed).
     """
@@ -139,7 +240,19 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     from .reconcilers.report import render
 
     wait = parse_duration_option(lock_timeout, "--lock-timeout")
-    state = load_state(resolve_state_file(file))
+    path = resolve_state_file(file)
+    from .reconcilers.savedplan import is_saved_plan
+
+    if is_saved_plan(path):  # `reconcile diff --out PLAN` wrote it: its actions and nothing else
+        from .reconcilers.savedplan import PlanError, apply_saved_plan
+
+        try:
+            code = apply_saved_plan(path, fmt=fmt, verbose=verbose, dry_run=dry_run, journal_path=journal_path,
+                                    lock_wait=wait)
+        except PlanError as exc:
+            fail(str(exc))
+        sys.exit(code)
+    state = load_state(path)
     if dry_run:
         report = Engine(state).diff(command="apply")
         render(report, fmt, verbose=verbose)
@@ -163,6 +276,21 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     sys.exit(report.exit_code)
 
 
+@main.command("version")
+@click.option("--json", "as_json", is_flag=True, help="As JSON (the handshake of --host and --via).")
+def version_command(as_json: bool) -> None:
+    """Print reconcile's version and its report format version."""
+    if not as_json:
+        click.echo(f"reconcile {__version__} (report format {FORMAT_VERSION})")
+        return
+    import json
+
+    from .reconcilers.journal import default_journal_path
+
+    click.echo(json.dumps({"reconcile_version": __version__, "format_version": FORMAT_VERSION,
+                           "hostname": socket.gethostname(), "journal": str(default_journal_path())}))
+
+
 @main.command()
 def schema() -> None:
     """Print the JSON Schema of the state file (for editors and CI)."""
@@ -171,6 +299,33 @@ def schema() -> None:
     from .reconcilers.statefile import bundled_schema
 
     click.echo(json.dumps(bundled_schema(), indent=2))
+
+
+@main.command()
+@click.argument("file", required=False)
+@click.option("--interval", default="60s", show_default=True, help="Time between passes (e.g. 30s, 5m).")
+@click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
+              help="Journal file, as for apply; the lock file sits beside it.")
+@click.option("--lock-timeout", default="30s", show_default=True,
+              help="How long a pass waits for another apply to finish before skipping this pass.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every pass, not only those whose outcome changed.")
+def watch(file: str | None, interval: str, journal_path: str | None, lock_timeout: str, verbose: bool) -> None:
+    """Keep the host converged: observe, apply, verify every INTERVAL.
+
+    Re-reads the state file when it changes; backs off after errors (up to 10 minutes);
+    on SIGTERM or SIGINT stops after the current step and exits 0.
+    """
+    from .reconcilers.journal import Journal, default_journal_path
+    from .reconcilers.watch import Watcher
+
+    every = parse_duration_option(interval, "--interval")
+    if every <= 0:
+        fail("--interval must be more than 0s")
+    wait = parse_duration_option(lock_timeout, "--lock-timeout")
+    journal = Journal(Path(journal_path) if journal_path else default_journal_path())
+    watcher = Watcher(resolve_state_file(file), every, journal, journal.path.parent / "lock", lock_wait=wait,
+                      verbose=verbose)
+    sys.exit(watcher.run())
 
 
 if __name__ == "__main__":

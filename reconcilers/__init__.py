@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 # key -> "module:Class"; the key is also the name of schema/kinds/<key>.schema.json
 REGISTRY: dict[str, str] = {
     "units": "reconcile.reconcilers.units:UnitsReconciler",
+    "gpus": "reconcile.reconcilers.gpus:GpusReconciler",
+    "mounts": "reconcile.reconcilers.mounts:MountsReconciler",
+    "extractions": "reconcile.reconcilers.extractions:ExtractionsReconciler",
 }
 
 # id prefix -> key, for `needs` ids such as "unit:NAME" or the singleton "gpus"

@@ -137,6 +137,9 @@ class Reconciler:
     key: ClassVar[str]  # top-level key in the state file: "units"
     kind: ClassVar[str]  # id prefix and report kind: "unit"
     rank: ClassVar[int]  # default order when `needs` is silent (lower first)
+    # Drift fields (fnmatch patterns) whose observed value moves by itself (memory in use, free
+    # space, a progress counter): a saved plan's fingerprint keeps their field and want, not the have.
+    volatile_drift: ClassVar[tuple[str, ...]] = ()
 
     def resources(self, section: Any) -> list[Resource]:
         raise NotImplementedError

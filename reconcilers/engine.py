@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -195,7 +195,10 @@ class Engine:
 
     # --- apply -----------------------------------------------------------------------
 
-    def apply(self, on_result: Callable[[ResourceReport], None] | None = None) -> RunReport:
+    def apply(self, on_result: Callable[[ResourceReport], None] | None = None,
+              only: Mapping[str, Collection[tuple[str, str]]] | None = None) -> RunReport:
+        """Act on every resource. `only` (resource id -> allowed (action, target) pairs), when given,
+        limits what is carried out, e.g. to a saved plan: other planned actions are reported as skipped."""
         started = self.clock()
         hostname = self.host.hostname()
         if not host_matches(self.state.host, hostname):
@@ -209,9 +212,10 @@ class Engine:
         for r in self.state.resources:
             try:
                 if observed_at[r.id] != generation:
-                    # Something acted since this was observed (a unit stop frees GPUs): look again.
-                    observed[r.id] = self.observe([r])[r.id]
-                report, changed = self._apply_one(r, observed[r.id], final)
+                    # Something acted since this was observed (a unit stop frees GPUs): look again,
+                    # giving the host the resource's settle time to catch up with that change.
+                    observed[r.id] = self._verify(r)
+                report, changed = self._apply_one(r, observed[r.id], final, only)
             except Exception as exc:
                 if os.environ.get("RECONCILE_DEBUG"):
                     raise
@@ -223,7 +227,8 @@ class Engine:
                 on_result(report)
         return self._run_report("apply", [final[r.id] for r in self.state.resources], started)
 
-    def _apply_one(self, r: Resource, obs: Any, final: dict[str, ResourceReport]) -> tuple[ResourceReport, bool]:
+    def _apply_one(self, r: Resource, obs: Any, final: dict[str, ResourceReport],
+                   only: Mapping[str, Collection[tuple[str, str]]] | None = None) -> tuple[ResourceReport, bool]:
         if isinstance(obs, ObserveError):
             return self._report(r, obs), False
         unmet = [n for n in r.needs if n in final and final[n].status is not Status.OK]
@@ -241,16 +246,22 @@ class Engine:
         results: list[ActionResult] = []
         done_before: list[tuple[str, str]] = []
         failure = ""
+        allowed = None if only is None else set(only.get(r.id, ()))
+        not_allowed: dict[tuple[str, str], Action] = {}
         for _ in range(MAX_PASSES):
             drift, plan = self._assess(r, obs)
-            if not plan.actions:
+            actions = plan.actions
+            if allowed is not None:
+                not_allowed.update({(a.action, a.target): a for a in actions if (a.action, a.target) not in allowed})
+                actions = tuple(a for a in actions if (a.action, a.target) in allowed)
+            if not actions:
                 break
-            signature = [(a.action, a.target) for a in plan.actions]
+            signature = [(a.action, a.target) for a in actions]
             if signature == done_before[-len(signature):]:
                 break  # the same actions again would not change anything
             before = to_plain(obs)
             pass_results = []
-            for action in plan.actions:
+            for action in actions:
                 t0 = self.clock()
                 try:
                     msg = rec.apply(self.host, r, action)
@@ -260,30 +271,34 @@ class Engine:
                     failure = f"{action.action} {action.target} failed: {exc}"
                     break
             done_before.extend(signature)
-            obs = self._verify(r, obs)
+            obs = self._verify(r)
             after = None if isinstance(obs, ObserveError) else to_plain(obs)
             self._journal(r, pass_results, before, after)
             results.extend(pass_results)
             # Actions the failed one would have been followed by are reported as skipped.
             if failure:
                 done = {id(p.action) for p in pass_results}
-                results.extend(ActionResult(a, Result.SKIPPED) for a in plan.actions if id(a) not in done)
+                results.extend(ActionResult(a, Result.SKIPPED) for a in actions if id(a) not in done)
                 break
             if isinstance(obs, ObserveError):
                 break
 
+        refused = ""
+        if not_allowed:
+            results.extend(ActionResult(a, Result.SKIPPED, "not in the saved plan") for a in not_allowed.values())
+            refused = f"{len(not_allowed)} planned action(s) not carried out: not in the saved plan"
         changed = any(a.result is Result.DONE for a in results)
         if not results:
             return self._report(r, obs), False
-        report = self._report(r, obs, results, extra=failure)
+        report = self._report(r, obs, results, extra="; ".join(m for m in (failure, refused) if m))
         if report.status is Status.OK and failure:
             report = replace(report, status=Status.DRIFT)
-        elif report.status is Status.DRIFT:
+        elif report.status is Status.DRIFT and (changed or failure):
             report = replace(report, message="; ".join(
                 m for m in ("not verified: drift remains after acting", report.message) if m))
         return report, changed
 
-    def _verify(self, r: Resource, previous: Any) -> Any:
+    def _verify(self, r: Resource) -> Any:
         """Observe again; poll up to the resource's settle time for the drift to clear."""
         deadline = time.monotonic() + r.settle
         while True:

@@ -70,6 +70,24 @@ class Host:
             raise CommandTimeout(f"`{' '.join(full)}` did not finish within {timeout:g}s") from None
         return CommandResult(tuple(full), proc.returncode, out, err)
 
+    def spawn(self, argv: list[str] | tuple[str, ...]) -> subprocess.Popen:
+        """Start a command and return at once, for a caller that polls it to its own deadline
+        and may abandon it (a child in D-state can neither be killed nor waited for).
+        stdout is a pipe of its own; stdin and stderr are /dev/null, so an abandoned child
+        holds none of our streams (a caller reading our output would otherwise never see EOF)."""
+        return subprocess.Popen((*self.prefix, *argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+
+    def spawn_detached(self, argv: list[str] | tuple[str, ...], log_path: str, cwd: str | None = None) -> int:
+        """Start a long-running command detached from us and return its pid, not waiting for it:
+        its own session (no terminal signals reach it, it outlives us), stdin from /dev/null,
+        stdout and stderr appended to `log_path`."""
+        full = (*self.prefix, *argv)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=cwd, start_new_session=True, close_fds=True)
+        return proc.pid
+
     def which(self, name: str) -> str | None:
         from shutil import which
 

@@ -470,8 +470,9 @@ def validate_text(text: str, label: str) -> dict[str, Any]:
     return data
 
 
-def load(path: str | os.PathLike, *, text: str | None = None, use_cache: bool = True) -> LoadedState:
-    """Read, validate (or trust the cache) and build the ordered resources."""
+def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache: bool = True) -> LoadedState:
+    """Read, validate (or trust the cache) and build the ordered resources. `text` (bytes: checked as
+    UTF-8 with a position) stands in for the file's content, labelled `path` (a state sent on stdin)."""
     label = str(path)
     if text is None:
         try:
@@ -483,7 +484,7 @@ def load(path: str | os.PathLike, *, text: str | None = None, use_cache: bool = 
         except OSError as exc:
             raise StateFileError([f"{label}:1:1: cannot read: {exc.strerror}"]) from None
     else:
-        raw = text.encode()
+        raw = text.encode() if isinstance(text, str) else text
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -1,0 +1,852 @@
+#!/usr/bin/env python3
+"""Benchmark `reconcile diff` against Ansible, pyinfra, testinfra and the plain shell (run by hand, as root).
+
+It boots a real systemd as PID 1 of a namespace (tests/nsystemd.py) and builds the seed
+host in it: `vllm-kimi-k25-int4.service` enabled and running (Restart=always), 8 fake
+GPUs held by it at 72,289 MiB each (when the fake libnvidia-ml can be built), `/data` a
+tmpfs mounted inside the namespace only, and an EAGLE-3 extraction in SpecForge layout
+with 37,312 sample files. Then it times the same audit with each tool, inside the
+namespace, N times each after a warm-up run, and reports medians of wall time and peak
+RSS; then how reconcile's cost grows with files (37,312 -> 1,000,000) and declared units
+(1 -> 500), and the time of `reconcile apply` on the seed scenario.
+
+    sudo python3 bench/run.py                  # everything (about 10 min on 2 cores)
+    sudo python3 bench/run.py --quick          # 3 runs, no 1,000,000-file step
+
+The peers are installed into bench/.peers (a separate virtual environment) when missing.
+Every tool runs without PYTHONDONTWRITEBYTECODE, so byte-code caches are used as on a
+normal install. Results: bench/results/latest.md and latest.json (git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PEERS = HERE / ".peers"
+RESULTS = HERE / "results"
+VLLM = "vllm-kimi-k25-int4.service"
+PEER_PACKAGES = ("ansible-core", "pyinfra", "pytest-testinfra")
+SEED_TOTAL = 37_312
+GPU_COUNT, GPU_TOTAL_MIB, VLLM_MIB = 8, 97_887, 72_289  # 75.8 GB per GPU, as in the seed
+MIN_FREE = "100MiB"
+MIN_FREE_BYTES = 100 * 1024 * 1024
+
+# The targets of issue 6 (medians, same run).
+TARGET_FLOOR_RATIO = 3.0
+TARGET_PYINFRA, TARGET_TESTINFRA, TARGET_ANSIBLE = 4.0, 3.0, 50.0
+TARGET_MILLION_S, TARGET_500_UNITS_S = 1.0, 0.3
+
+
+# ---------------------------------------------------------------------------
+# Inside the namespace: the timing harness (run.py --inner JOBFILE)
+# ---------------------------------------------------------------------------
+
+def _run_once(job: dict, out_path: str) -> tuple[float, int, int]:
+    """Run a job's command once; return (wall seconds, peak RSS KiB, exit code)."""
+    with open(out_path, "wb") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(job["argv"], env=job["env"], cwd=job.get("cwd") or "/",
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        # wait4: this child's own rusage; ru_maxrss covers its waited-for descendants too
+        # (Ansible's forked workers), unlike a RUSAGE_CHILDREN delta across several runs.
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_maxrss, proc.returncode
+
+
+def _reset(job: dict) -> None:
+    for argv in job.get("reset", ()):
+        subprocess.run(argv, env=job["env"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+
+
+def inner_commands(jobs: list[dict]) -> dict:
+    """Warm up every job, then run them round-robin, so that load changes on the machine
+    during the run touch every tool alike."""
+    results = {}
+    for job in jobs:
+        first = None
+        for i in range(job.get("warmup", 1)):
+            _reset(job)
+            wall, rss, rc = _run_once(job, job["log"])
+            if i == 0:
+                first = {"wall": wall, "rss_kib": rss, "rc": rc,
+                         "output": Path(job["log"]).read_text(errors="replace")[-6000:]}
+        results[job["name"]] = {"walls": [], "rss_kib": [], "rcs": [], "first": first}
+        print(f"  warm-up {job['name']}: {first['wall']:.3f}s exit {first['rc']}", file=sys.stderr, flush=True)
+    for rep in range(max(job["reps"] for job in jobs)):
+        for job in jobs:
+            if rep >= job["reps"]:
+                continue
+            _reset(job)
+            wall, rss, rc = _run_once(job, job["log"])
+            r = results[job["name"]]
+            r["walls"].append(wall)
+            r["rss_kib"].append(rss)
+            r["rcs"].append(rc)
+        print(f"  round {rep + 1} done", file=sys.stderr, flush=True)
+    for job in jobs:
+        results[job["name"]]["last_output"] = Path(job["log"]).read_text(errors="replace")[-6000:]
+    return results
+
+
+def inner_scan(job: dict) -> dict:
+    """Time reconcile's extraction scan in-process (no interpreter start-up)."""
+    sys.path.insert(0, str(HERE))
+    os.environ.update(job["env"])
+    from reconcile.reconcilers.extractions import ExtractionsReconciler, scan
+    from reconcile.reconcilers.host import Host
+
+    rec, host = ExtractionsReconciler(), Host()
+    (res,) = rec.resources({"bench": {"dir": job["dir"], "total": job["total"], "verify": job["verify"]}})
+    out: dict = {}
+
+    def timed(fn, reps):
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    pattern = "rows_{group}/data_{index}.ckpt"
+    out["scan_names"] = timed(lambda: scan(job["dir"], pattern, job["total"]), job["reps"])
+    state = Path(job["env"]["RECONCILE_STATE_DIR"])
+
+    def cold():
+        shutil.rmtree(state, ignore_errors=True)  # no earlier integrity check recorded
+        return rec.observe(host, [res])
+
+    out["observe_cold"] = timed(cold, job.get("cold_reps", 1))
+    obs = rec.observe(host, [res])[res.id]
+    out["done"] = getattr(obs, "done", None)
+    out["observe_warm"] = timed(lambda: rec.observe(host, [res]), job["reps"])
+    return out
+
+
+def inner(jobfile: str) -> None:
+    jobs = json.loads(Path(jobfile).read_text())
+    results = {}
+    for job in jobs:
+        if job.get("type") == "scan":
+            print(f"  {job['name']}", file=sys.stderr, flush=True)
+            results[job["name"]] = inner_scan(job)
+    commands = [job for job in jobs if job.get("type") != "scan"]
+    if commands:
+        results.update(inner_commands(commands))
+    print(json.dumps(results))
+
+
+# ---------------------------------------------------------------------------
+# On the host: scenario, peers, jobs, report
+# ---------------------------------------------------------------------------
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_peers() -> dict[str, str]:
+    """Create bench/.peers with the peer tools if missing; return their versions."""
+    if not (PEERS / "bin" / "ansible-playbook").exists() or not (PEERS / "bin" / "pyinfra").exists() \
+            or not (PEERS / "bin" / "pytest").exists():
+        log(f"installing {', '.join(PEER_PACKAGES)} into {PEERS}")
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS)], check=True)
+        subprocess.run([str(PEERS / "bin" / "pip"), "install", "-q", *PEER_PACKAGES], check=True)
+    code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
+            f"{list(PEER_PACKAGES)!r}}}))")
+    out = subprocess.run([str(PEERS / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONSTARTUP")}
+    env.update({"LC_ALL": "C.UTF-8", "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0", "NO_COLOR": "1"})
+    return env
+
+
+def reconcile_cmd() -> tuple[list[str], str]:
+    """The installed console script (what a user types), else `python -m reconcile`."""
+    script = Path(sys.executable).parent / "reconcile"
+    if script.is_file():
+        return [str(script)], "reconcile"
+    return [sys.executable, "-m", "reconcile"], "python -m reconcile"
+
+
+def registered_kinds() -> set[str]:
+    sys.path.insert(0, str(ROOT.parent))
+    try:
+        from reconcile.reconcilers import REGISTRY
+    except ImportError:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_registry", ROOT / "reconcilers" / "__init__.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        REGISTRY = mod.REGISTRY  # noqa: N806
+    return set(REGISTRY)
+
+
+def generate_files(root: Path, n: int, group: int = 2000) -> None:
+    """SpecForge layout rows_{g}-{g+group}/data_{i}.ckpt; small valid torch.save-style ZIPs."""
+    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from bench_scan import generate  # the extraction engineer's generator (real ZIP layout)
+    except ImportError:
+        generate = None
+    if generate is not None:
+        generate(root, n, group)
+        return
+    import io
+    import zipfile
+
+    for g in range(0, n, group):
+        d = root / f"rows_{g}-{g + group}"
+        d.mkdir(parents=True, exist_ok=True)
+        for i in range(g, min(n, g + group)):
+            buf = io.BytesIO()
+            with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+                z.writestr(f"data_{i}/data.pkl", b"\x80\x02}q\x00." + bytes(64))
+                z.writestr(f"data_{i}/version", b"3\n")
+            (d / f"data_{i}.ckpt").write_bytes(buf.getvalue())
+
+
+def median(xs) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(tempfile.mkdtemp(prefix="reconcile-bench-"))
+        self.data = self.work / "data"  # tmpfs, mounted inside the namespace only
+        self.growth = self.work / "growth"  # a second tmpfs for the 1,000,000-file step
+        self.hs = self.data / "hidden_states"
+        self.cache = self.work / "cache"
+        self.state_dir = self.work / "state"
+        self.nsd = None
+        self.gpus = False
+        self.gpus_why = ""
+        self.env = clean_env()
+        self.env.update({"RECONCILE_CACHE_DIR": str(self.cache), "RECONCILE_STATE_DIR": str(self.state_dir),
+                         "HOME": str(self.work / "home"), "TMPDIR": str(self.work / "tmp")})
+        (self.work / "home").mkdir()
+        (self.work / "tmp").mkdir()
+        self.rec, self.rec_label = reconcile_cmd()
+        self.results: dict = {}
+        self.meta: dict = {}
+
+    # -- scenario ------------------------------------------------------------
+
+    def ns_path(self, p: Path) -> Path:
+        """The namespace's view of an absolute path, from the host."""
+        return self.nsd.root / str(p).lstrip("/")
+
+    def build_fake_nvml(self) -> None:
+        kinds = registered_kinds()
+        src = ROOT / "tests" / "fakenvml" / "fakenvml.c"
+        gcc = shutil.which("gcc") or shutil.which("cc")
+        if "gpus" not in kinds:
+            self.gpus_why = "the gpus kind is not registered"
+        elif not src.exists():
+            self.gpus_why = "tests/fakenvml/fakenvml.c not found"
+        elif gcc is None:
+            self.gpus_why = "no C compiler to build the fake libnvidia-ml"
+        elif self.args.no_gpus:
+            self.gpus_why = "--no-gpus"
+        if self.gpus_why:
+            return
+        libdir = self.work / "nvml"
+        libdir.mkdir()
+        subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-o", str(libdir / "libnvidia-ml.so.1"), str(src)],
+                       check=True, capture_output=True)
+        subprocess.run([gcc, "-O2", "-o", str(self.work / "nvsmi"), str(HERE / "nvsmi.c"), "-ldl"],
+                       check=True, capture_output=True)
+        conf = ["driver version=590.48.01"]
+        for i in range(GPU_COUNT):
+            conf.append(f'gpu name="NVIDIA RTX PRO 6000 Blackwell Server Edition" uuid=GPU-bench-{i} '
+                        f"bus=00000000:{0x11 + i * 0x10:02X}:00.0 total_mib={GPU_TOTAL_MIB} used_mib=0 "
+                        "reserved_mib=0 temp=28 power_mw=84000")
+        # The vLLM unit's process (/bin/sleep infinity) "holds" 72,289 MiB on every GPU while alive.
+        conf.append(f'holder cmdline="sleep infinity" mib={VLLM_MIB} gpus={",".join(map(str, range(GPU_COUNT)))}')
+        (self.work / "nvml.conf").write_text("\n".join(conf) + "\n")
+        self.env.update({"LD_LIBRARY_PATH": str(libdir), "FAKE_NVML_CONFIG": str(self.work / "nvml.conf")})
+        self.gpus = True
+
+    def start(self) -> None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from nsystemd import NamespacedSystemd
+
+        why = NamespacedSystemd.missing_prerequisites()
+        if why:
+            sys.exit(f"bench: cannot boot the namespaced systemd: {why}")
+        self.build_fake_nvml()
+        self.data.mkdir()
+        self.growth.mkdir()
+        self.nsd = NamespacedSystemd(f"reconcile-bench-{os.getpid()}")
+        self.nsd.write_unit(VLLM, "[Unit]\nDescription=vLLM Kimi-K2.5 INT4 (benchmark stand-in)\n\n"
+                            "[Service]\nExecStart=/bin/sleep infinity\nRestart=always\n\n"
+                            "[Install]\nWantedBy=multi-user.target\n", enable=True)
+        t0 = time.perf_counter()
+        self.nsd.start()
+        self.nsd.wait_active(VLLM)
+        log(f"systemd booted in the namespace ({self.nsd.boot_state}, {time.perf_counter() - t0:.1f}s); "
+            f"{VLLM} active")
+        self.nsd.run(["mount", "-t", "tmpfs", "-o", "size=2g", "tmpfs", str(self.data)], check=True)
+        t0 = time.perf_counter()
+        generate_files(self.ns_path(self.hs), self.args.done)
+        log(f"generated {self.args.done:,} sample files in {time.perf_counter() - t0:.1f}s")
+        self.write_tools()
+
+    def stop(self) -> None:
+        if self.nsd is not None:
+            self.nsd.stop()  # SIGKILL to its PID 1: every process and mount of the namespace goes with it
+            self.nsd = None
+        if self.args.keep:
+            log(f"kept {self.work}")
+        else:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    # -- the audit, written for each tool ------------------------------------
+
+    def state_yaml(self, units: list[str] | None = None, kinds: set[str] | None = None,
+                   extraction_dir: Path | None = None, total: int = SEED_TOTAL) -> str:
+        kinds = kinds if kinds is not None else self.kinds
+        lines = ["version: 1"]
+        if "units" in kinds:
+            lines.append("units:")
+            for u in units or [VLLM]:
+                lines += [f"  {u}:", "    active: false", "    enabled: false"]
+        if "gpus" in kinds:
+            lines += ["gpus:", f"  count: {GPU_COUNT}", "  max_memory_used: 0MiB", "  free_with:",
+                      "    stop_units: true", f"  needs: [unit:{VLLM}]"]
+        if "mounts" in kinds:
+            lines += ["mounts:", f"  {self.data}:", "    fstype: tmpfs", f"    min_free: {MIN_FREE}"]
+        if "extractions" in kinds:
+            needs = [f"mount:{self.data}"] if "mounts" in kinds and extraction_dir is None else []
+            lines += ["extractions:", "  kimi-k25-eagle3:", f"    dir: {extraction_dir or self.hs}",
+                      f"    total: {total}", "    verify: recent"]
+            if needs:
+                lines.append(f"    needs: [{', '.join(needs)}]")
+        return "\n".join(lines) + "\n"
+
+    def write_tools(self) -> None:
+        registered = registered_kinds()
+        self.kinds = {"units"} | ({"mounts", "extractions"} & registered) | ({"gpus"} if self.gpus else set())
+        self.state = self.work / "seed.yaml"
+        self.state.write_text(self.state_yaml())
+        nvsmi = str(self.work / "nvsmi")
+        hs, data, total = str(self.hs), str(self.data), self.args.done
+        find_sh = f"find {shlex.quote(hs)} -name 'data_*' | wc -l"
+
+        # Ansible: two variants of the file count (command vs the find module).
+        pb_dir = self.work / "ansible"
+        pb_dir.mkdir()
+        for variant in ("shell", "find"):
+            tasks = [
+                "    - name: vLLM unit stopped and disabled",
+                "      ansible.builtin.systemd_service:",
+                f"        name: {VLLM}",
+                "        state: stopped",
+                "        enabled: false",
+            ]
+            if self.gpus:
+                tasks += [
+                    "    - name: GPU memory in use (nvidia-smi)",
+                    f"      ansible.builtin.command: {nvsmi}",
+                    "      check_mode: false",
+                    "      changed_when: false",
+                    "      register: gpu",
+                    "    - name: GPUs free",
+                    "      ansible.builtin.assert:",
+                    "        that: \"{{ gpu.stdout_lines | map('split', ', ') | map('last') | map('int') "
+                    "| max == 0 }}\"",
+                    "      ignore_errors: true",
+                ]
+            tasks += [
+                "    - name: mount facts",
+                "      ansible.builtin.mount_facts:",
+                "        fstypes: [tmpfs]",
+                "    - name: /data mounted, tmpfs, enough free space",
+                "      ansible.builtin.assert:",
+                "        that:",
+                f"          - \"'{data}' in ansible_facts.mount_points\"",
+                f"          - \"ansible_facts.mount_points['{data}'].fstype == 'tmpfs'\"",
+                f"          - \"ansible_facts.mount_points['{data}'].size_available >= {MIN_FREE_BYTES}\"",
+                "      ignore_errors: true",
+            ]
+            if variant == "shell":
+                tasks += [
+                    "    - name: count the extraction's files",
+                    f"      ansible.builtin.shell: \"{find_sh}\"",
+                    "      check_mode: false",
+                    "      changed_when: false",
+                    "      register: files",
+                    "    - name: files done",
+                    "      ansible.builtin.debug:",
+                    "        msg: \"files={{ files.stdout | int }}\"",
+                ]
+            else:
+                tasks += [
+                    "    - name: find the extraction's files",
+                    "      ansible.builtin.find:",
+                    f"        paths: {hs}",
+                    "        patterns: 'data_*'",
+                    "        recurse: true",
+                    "      register: files",
+                    "    - name: files done",
+                    "      ansible.builtin.debug:",
+                    "        msg: \"files={{ files.matched }}\"",
+                ]
+            (pb_dir / f"audit-{variant}.yml").write_text("\n".join([
+                "- name: audit the seed host",
+                "  hosts: localhost",
+                "  connection: local",
+                "  gather_facts: false",
+                "  vars:",
+                f"    ansible_python_interpreter: {PEERS / 'bin' / 'python'}",
+                "  tasks:",
+                *tasks,
+            ]) + "\n")
+
+        # pyinfra: the operation in --dry mode, plus facts.
+        py_dir = self.work / "pyinfra"
+        py_dir.mkdir()
+        deploy = [
+            "from pyinfra import host",
+            "from pyinfra.facts.files import FindFiles",
+            "from pyinfra.facts.server import Command, Mounts",
+            "from pyinfra.operations import systemd",
+            "",
+            f"systemd.service(name='vLLM unit stopped and disabled', service={VLLM!r}, running=False, enabled=False)",
+            f"m = host.get_fact(Mounts).get({data!r})",
+            "print('mount', 'ok' if m and m.get('type') == 'tmpfs' else 'MISSING', flush=True)",
+            f"avail = int(host.get_fact(Command, command={f'df -B1 --output=avail {data} | tail -1'!r}))",
+            f"print('free', 'ok' if avail >= {MIN_FREE_BYTES} else 'LOW', flush=True)",
+            f"files = host.get_fact(FindFiles, path={hs!r}, fname='data_*')",
+            "print(f'files={len(files)}', flush=True)",
+        ]
+        if self.gpus:
+            deploy += [
+                f"used = [int(line.split(', ')[1]) for line in host.get_fact(Command, command={nvsmi!r}).splitlines()]",
+                "print('gpus', 'free' if max(used) == 0 else f'BUSY {max(used)} MiB', flush=True)",
+            ]
+        (py_dir / "audit.py").write_text("\n".join(deploy) + "\n")
+
+        # testinfra: the equivalent assertions.
+        ti_dir = self.work / "testinfra"
+        ti_dir.mkdir()
+        tests = [
+            f"VLLM = {VLLM!r}",
+            "",
+            "def test_vllm_stopped(host):",
+            "    assert not host.service(VLLM).is_running",
+            "",
+            "def test_vllm_disabled(host):",
+            "    assert not host.service(VLLM).is_enabled",
+            "",
+            "def test_data_mounted(host):",
+            f"    mp = host.mount_point({data!r})",
+            "    assert mp.exists and mp.filesystem == 'tmpfs'",
+            "",
+            "def test_data_free(host):",
+            f"    assert int(host.check_output('df -B1 --output=avail {data} | tail -1')) >= {MIN_FREE_BYTES}",
+            "",
+            "def test_extraction_files(host):",
+            f"    n = int(host.check_output({find_sh!r}))",
+            "    print(f'files={n}')",
+            f"    assert n == {total}",
+        ]
+        if self.gpus:
+            tests += [
+                "",
+                "def test_gpus_free(host):",
+                f"    used = [int(line.split(', ')[1]) for line in host.check_output({nvsmi!r}).splitlines()]",
+                "    assert max(used) == 0",
+            ]
+        (ti_dir / "test_audit.py").write_text("\n".join(tests) + "\n")
+
+        # The floor.
+        floor = [f"systemctl show -p ActiveState,SubState,UnitFileState,MainPID {VLLM}"]
+        if self.gpus:
+            floor.append(nvsmi)
+        floor += [f"findmnt -D {shlex.quote(data)}", find_sh]
+        (self.work / "floor.sh").write_text("\n".join(floor) + "\n")
+
+    def peer_env(self) -> dict[str, str]:
+        env = dict(self.env)
+        env.update({"ANSIBLE_HOME": str(self.work / "ansible-home"), "ANSIBLE_NOCOLOR": "1",
+                    "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False",
+                    "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_CALLBACK_RESULT_FORMAT": "yaml",
+                    "PYINFRA_PROGRESS": "off"})
+        return env
+
+    # -- running jobs inside the namespace -----------------------------------
+
+    def job(self, name: str, argv: list[str], *, reps: int | None = None, warmup: int = 1, env=None,
+            cwd: str | None = None, reset=(), expect=None, rcs=None) -> dict:
+        return {"name": name, "argv": argv, "reps": reps or self.args.runs, "warmup": warmup,
+                "env": env or self.env, "cwd": cwd, "reset": list(reset), "log": str(self.work / f"{name}.log"),
+                "expect": expect, "rcs": rcs}
+
+    def run_jobs(self, jobs: list[dict], timeout: float = 7200) -> dict:
+        """Run the jobs in one harness inside the namespace (its progress goes to our stderr)."""
+        jobfile = self.work / "jobs.json"
+        jobfile.write_text(json.dumps(jobs))
+        log("running " + "; ".join(f"{j['name']} ({j['reps']}x)" for j in jobs))
+        load = os.getloadavg()[0]
+        proc = self.nsd.popen([sys.executable, str(Path(__file__).resolve()), "--inner", str(jobfile)],
+                              env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        try:
+            stdout, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # our own harness (nsenter's process group)
+            proc.communicate()
+            raise
+        if proc.returncode != 0:
+            raise RuntimeError(f"the harness failed (exit {proc.returncode})")
+        out = json.loads(stdout)
+        for job in jobs:
+            r = out[job["name"]]
+            r["load_before"] = load
+            r["problems"] = self.check(job, r)
+            for p in r["problems"]:
+                log(f"  WARNING {job['name']}: {p}")
+            if "walls" in r:
+                log(f"  {job['name']}: median {median(r['walls']):.3f}s, peak RSS "
+                    f"{median(r['rss_kib']) / 1024:.0f} MiB, exit {sorted(set(r['rcs']))}")
+        return out
+
+    @staticmethod
+    def check(job: dict, r: dict) -> list[str]:
+        """Did the tool really do the audit? (the expected text in its output, the expected exit codes)"""
+        problems = []
+        if job.get("type") == "scan" or r.get("first") is None:
+            return problems
+        outs = [r["first"]["output"], r["last_output"]]
+        for pat in job.get("expect") or ():
+            for o in outs:
+                if not re.search(pat, o):
+                    problems.append(f"output lacks /{pat}/; tail: {o[-400:]!r}")
+                    break
+        if job.get("rcs") is not None:
+            bad = sorted({rc for rc in [r["first"]["rc"], *r["rcs"]] if rc not in job["rcs"]})
+            if bad:
+                problems.append(f"exit codes {bad}, expected {job['rcs']}; tail: {outs[-1][-400:]!r}")
+        return problems
+
+    # -- the measurements -----------------------------------------------------
+
+    def seed_audit(self) -> None:
+        total = self.args.done
+        rec = self.rec
+        st = str(self.state)
+        clear = ["rm", "-rf", str(self.cache), str(self.state_dir)]
+        jobs = [
+            self.job("reconcile diff", [*rec, "diff", st], expect=[re.escape(VLLM)], rcs=[2]),
+            self.job("reconcile diff --format json", [*rec, "diff", "--format", "json", st],
+                     expect=[re.escape(VLLM)], rcs=[2]),
+            # Cold: no validated-state cache and no extraction integrity record: what the
+            # first run after an install (or after editing the state file) costs.
+            self.job("reconcile diff (cold caches)", [*rec, "diff", st], reset=[clear], warmup=1,
+                     expect=[re.escape(VLLM)], rcs=[2]),
+            self.job("shell floor", ["/bin/sh", str(self.work / "floor.sh")], expect=[rf"(?m)^{total}$"], rcs=[0]),
+        ]
+        if not self.args.no_peers:
+            penv = self.peer_env()
+            jobs += [
+                self.job("pyinfra @local --dry", [str(PEERS / "bin" / "pyinfra"), "@local", "audit.py", "--dry"],
+                         cwd=str(self.work / "pyinfra"), env=penv, expect=[f"files={total}"], rcs=[0]),
+                self.job("pytest-testinfra",
+                         [str(PEERS / "bin" / "pytest"), "-p", "no:cacheprovider", "-q", "-s", "--hosts=local://",
+                          "test_audit.py"], cwd=str(self.work / "testinfra"), env=penv,
+                         expect=[f"files={total}", "failed"], rcs=[1]),
+                self.job("ansible-playbook --check --diff (find | wc -l)",
+                         [str(PEERS / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local", "--check",
+                          "--diff", str(self.work / "ansible" / "audit-shell.yml")], env=penv,
+                         reps=self.args.ansible_runs, expect=[f"files={total}", "changed="], rcs=[0]),
+                self.job("ansible-playbook --check --diff (find module)",
+                         [str(PEERS / "bin" / "ansible-playbook"), "-i", "localhost,", "-c", "local", "--check",
+                          "--diff", str(self.work / "ansible" / "audit-find.yml")], env=penv,
+                         reps=self.args.ansible_runs, expect=[f"files={total}", "changed="], rcs=[0]),
+            ]
+        self.results["seed"] = self.run_jobs(jobs)
+        self.results["seed"]["reconcile diff (cold caches)"]["note"] = "validation cache and integrity record cleared"
+
+    def growth_units(self) -> None:
+        n_max = max(self.args.units)
+        udir = self.nsd.unit_dir
+        names = [f"bench-unit-{i:03d}.service" for i in range(n_max)]
+        for name in names:
+            (udir / name).write_text("[Unit]\nDescription=benchmark unit\n\n[Service]\nExecStart=/bin/true\n")
+        self.nsd.systemctl("daemon-reload", check=True)
+        jobs = []
+        for n in self.args.units:
+            path = self.work / f"units-{n}.yaml"
+            path.write_text(self.state_yaml(units=names[:n], kinds={"units"}))
+            jobs.append(self.job(f"reconcile diff, {n} units", [*self.rec, "diff", str(path)], rcs=[0]))
+        jobs.append(self.job(f"systemctl show, {n_max} units (floor)",
+                             ["systemctl", "show", "-p", "Id,LoadState,ActiveState,SubState,UnitFileState,MainPID",
+                              *names], rcs=[0]))
+        self.results["units"] = self.run_jobs(jobs)
+
+    def growth_files(self) -> None:
+        if "extractions" not in self.kinds:
+            return
+        jobs = []
+        sizes = [self.args.done] + [n for n in self.args.files if n != self.args.done]
+        self.nsd.run(["mount", "-t", "tmpfs", "-o", "size=12g,nr_inodes=4m", "tmpfs", str(self.growth)], check=True)
+        for n in sizes:
+            if n == self.args.done:
+                d = self.hs
+            else:
+                d = self.growth / f"hs-{n}"
+                t0 = time.perf_counter()
+                generate_files(self.ns_path(d), n)
+                log(f"generated {n:,} files in {time.perf_counter() - t0:.1f}s")
+            st_dir = self.work / f"state-files-{n}"
+            env = dict(self.env, RECONCILE_STATE_DIR=str(st_dir))
+            reps = self.args.runs if n < 500_000 else max(3, self.args.runs // 2)
+            jobs.append({"name": f"scan {n}", "type": "scan", "dir": str(d), "total": n, "verify": "recent",
+                         "reps": reps, "cold_reps": 1, "env": env})
+            path = self.work / f"files-{n}.yaml"
+            path.write_text(self.state_yaml(kinds={"extractions"}, extraction_dir=d, total=n))
+            jobs.append(self.job(f"reconcile diff, {n} files", [*self.rec, "diff", str(path)], env=env, reps=reps,
+                                 rcs=[0]))
+            jobs.append(self.job(f"find | wc -l, {n} files", ["/bin/sh", "-c", f"find {d} -name 'data_*' | wc -l"],
+                                 reps=reps, rcs=[0], expect=[rf"^{n}$"]))
+        self.results["files"] = self.run_jobs(jobs)
+
+    def apply_seed(self) -> None:
+        """`reconcile apply` on the seed scenario; the scenario is reset before each run."""
+        journal = self.work / "journal" / "journal.jsonl"
+        ctl = ["systemctl", "--no-pager"]
+        reset = [[*ctl, "enable", VLLM], [*ctl, "start", VLLM],
+                 ["sh", "-c", f"until systemctl is-active -q {VLLM}; do sleep 0.02; done"]]
+        jobs = [self.job("reconcile apply", [*self.rec, "apply", "--journal", str(journal), str(self.state)],
+                         reset=reset, rcs=[0, 2], expect=[re.escape(VLLM)])]
+        self.results["apply"] = self.run_jobs(jobs)
+        r = self.nsd.systemctl("is-enabled", VLLM).stdout.strip()
+        a = self.nsd.systemctl("is-active", VLLM).stdout.strip()
+        self.results["apply"]["reconcile apply"]["after"] = {"is-enabled": r, "is-active": a}
+        log(f"after the last apply: {VLLM} is {a}, {r}")
+
+    def importtime(self) -> None:
+        """Where reconcile diff's start-up goes: `python -X importtime`, median of 5, warm caches."""
+        runs = []
+        for _ in range(5):
+            res = self.nsd.run([sys.executable, "-X", "importtime", "-m", "reconcile", "diff", str(self.state)],
+                               env=self.env, timeout=120)
+            runs.append(parse_importtime(res.stderr))
+        names = set().union(*runs)
+        agg = {n: (median([r.get(n, (0, 0, 0))[0] for r in runs]), median([r.get(n, (0, 0, 0))[1] for r in runs]),
+                   runs[0].get(n, (0, 0, 99))[2]) for n in names}
+        self.results["importtime"] = {n: {"self_us": s, "cumulative_us": c, "depth": d} for n, (s, c, d) in agg.items()}
+
+    # -- report ----------------------------------------------------------------
+
+    def report(self) -> str:
+        a = self.args
+        seed = self.results.get("seed", {})
+        base = median(seed["reconcile diff"]["walls"])
+        cpu = "?"
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        lines = [
+            "# reconcile benchmark",
+            "",
+            f"{time.strftime('%Y-%m-%d %H:%M')} · {os.cpu_count()} CPUs ({cpu}) · Linux {platform.release()} · "
+            f"Python {platform.python_version()} · peers: " + ", ".join(f"{k} {v}" for k, v in
+                                                                         self.meta.get("peers", {}).items()),
+            "",
+            f"Scenario: a real systemd (PID 1 of a namespace) running `{VLLM}` (enabled, Restart=always); "
+            + (f"{GPU_COUNT} fake GPUs (fake libnvidia-ml) held by it at {VLLM_MIB:,} MiB each; " if self.gpus
+               else f"no GPUs ({self.gpus_why}: left out of every tool's audit); ")
+            + f"`/data` a tmpfs; {a.done:,} sample files in SpecForge layout (`rows_*/data_*.ckpt`). "
+            f"Every tool runs inside the namespace, {a.runs} runs after one warm-up "
+            f"(Ansible: {a.ansible_runs}), medians; PYTHONDONTWRITEBYTECODE unset, so byte-code caches are used. "
+            f"reconcile is run as `{self.rec_label}`; its validated-state cache is warm except in the cold row.",
+            "",
+            "| tool | median wall s | peak RSS MiB | ratio to `reconcile diff` | exit |",
+            "| --- | ---: | ---: | ---: | --- |",
+        ]
+        for name, r in seed.items():
+            t = median(r["walls"])
+            lines.append(f"| {name} | {t:.3f} | {median(r['rss_kib']) / 1024:.0f} | {t / base:.1f}× | "
+                         f"{','.join(map(str, sorted(set(r['rcs']))))} |")
+        if "apply" in self.results:
+            r = self.results["apply"]["reconcile apply"]
+            lines += ["", f"`reconcile apply` on the seed scenario (reset before each run: vLLM unit re-enabled and "
+                      f"started): median {median(r['walls']):.3f} s, peak RSS {median(r['rss_kib']) / 1024:.0f} MiB, "
+                      f"exit {sorted(set(r['rcs']))}; afterwards the unit is {r['after']['is-active']}, "
+                      f"{r['after']['is-enabled']}."]
+        if "units" in self.results:
+            lines += ["", "## Declared units (one batched `systemctl show`)", "",
+                      "| command | median wall s | peak RSS MiB |", "| --- | ---: | ---: |"]
+            for name, r in self.results["units"].items():
+                lines.append(f"| {name} | {median(r['walls']):.3f} | {median(r['rss_kib']) / 1024:.0f} |")
+        if "files" in self.results:
+            lines += ["", "## Files in the extraction (verify: recent)", "",
+                      "| files | scan names (in-process) s | observe, warm (in-process) s | observe, cold "
+                      "(in-process) s | `reconcile diff` (whole command) s | `find \\| wc -l` s |",
+                      "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+            for name, r in self.results["files"].items():
+                if not name.startswith("scan "):
+                    continue
+                n = int(name.split()[1])
+                cmd = self.results["files"][f"reconcile diff, {n} files"]
+                fnd = self.results["files"][f"find | wc -l, {n} files"]
+                lines.append(f"| {n:,} | {median(r['scan_names']):.3f} | {median(r['observe_warm']):.3f} | "
+                             f"{median(r['observe_cold']):.3f} | {median(cmd['walls']):.3f} | "
+                             f"{median(fnd['walls']):.3f} |")
+        lines += ["", "## Targets", ""]
+        for ok, text in self.targets():
+            lines.append(f"- {'PASS' if ok else 'FAIL'}: {text}")
+        problems = [(s, n, p) for s, group in self.results.items() if isinstance(group, dict)
+                    for n, r in group.items() if isinstance(r, dict) for p in r.get("problems", ())]
+        if problems:
+            lines += ["", "## Problems seen (the numbers of these rows are suspect)", ""]
+            lines += [f"- {n}: {p}" for _s, n, p in problems]
+        if "importtime" in self.results:
+            imp = self.results["importtime"]
+            top = sorted(((v["cumulative_us"], n) for n, v in imp.items() if v["depth"] == 0), reverse=True)[:12]
+            lines += ["", "## reconcile start-up: top-level imports (`python -X importtime`, cumulative, median of 5)",
+                      "", "| module | ms |", "| --- | ---: |"]
+            lines += [f"| {n} | {us / 1000:.1f} |" for us, n in top]
+        return "\n".join(lines) + "\n"
+
+    def targets(self) -> list[tuple[bool, str]]:
+        out = []
+        seed = self.results.get("seed", {})
+        base = median(seed["reconcile diff"]["walls"])
+        if "shell floor" in seed:
+            floor = median(seed["shell floor"]["walls"])
+            out.append((base <= TARGET_FLOOR_RATIO * floor,
+                        f"reconcile diff {base:.3f} s ≤ {TARGET_FLOOR_RATIO:g}× the shell floor {floor:.3f} s "
+                        f"(ratio {base / floor:.1f})"))
+        for key, want in (("pyinfra @local --dry", TARGET_PYINFRA), ("pytest-testinfra", TARGET_TESTINFRA)):
+            if key in seed:
+                t = median(seed[key]["walls"])
+                out.append((t >= want * base, f"≥ {want:g}× faster than {key}: {t / base:.1f}×"))
+        ans = [median(r["walls"]) for n, r in seed.items() if n.startswith("ansible")]
+        if ans:
+            t = min(ans)  # the faster variant: the stricter test
+            out.append((t >= TARGET_ANSIBLE * base,
+                        f"≥ {TARGET_ANSIBLE:g}× faster than Ansible (its faster variant): {t / base:.1f}×"))
+        files = self.results.get("files", {})
+        big = max((int(n.split()[1]) for n in files if n.startswith("scan ")), default=0)
+        if big:
+            t = median(files[f"scan {big}"]["observe_warm"])
+            c = median(files[f"reconcile diff, {big} files"]["walls"])
+            out.append((t < TARGET_MILLION_S and big >= 1_000_000,
+                        f"{big:,} files scanned in < {TARGET_MILLION_S:g} s: observe {t:.3f} s "
+                        f"(whole `reconcile diff` {c:.3f} s)"))
+        units = self.results.get("units", {})
+        nu = max((int(n.split()[2]) for n in units if n.startswith("reconcile diff,")), default=0)
+        if nu:
+            t = median(units[f"reconcile diff, {nu} units"]["walls"])
+            out.append((t < TARGET_500_UNITS_S and nu >= 500,
+                        f"{nu} units in < {TARGET_500_UNITS_S:g} s: {t:.3f} s"))
+        return out
+
+
+def parse_importtime(stderr: str) -> dict[str, tuple[int, int, int]]:
+    """name -> (self µs, cumulative µs, depth) from `-X importtime` output."""
+    out = {}
+    for line in stderr.splitlines():
+        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
+        if m:
+            out[m.group(4)] = (int(m.group(1)), int(m.group(2)), len(m.group(3)) // 2)
+    return out
+
+
+def parse_list(text: str) -> list[int]:
+    return [int(x.replace("_", "").replace(",", "")) for x in text.split("/") if x.strip()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description="Time the seed host's audit with reconcile, Ansible, pyinfra, testinfra and plain shell "
+                    "(needs root; boots a namespaced systemd; about 10 minutes).",
+        epilog="Writes bench/results/latest.md and latest.json.")
+    ap.add_argument("--runs", type=int, default=7, help="timed runs per tool after one warm-up (default 7)")
+    ap.add_argument("--ansible-runs", type=int, help="timed runs of each Ansible variant (default: --runs)")
+    ap.add_argument("--done", type=int, default=SEED_TOTAL,
+                    help=f"sample files in the seed extraction (default {SEED_TOTAL:,}; the seed host had 18,400 "
+                         f"of {SEED_TOTAL:,})")
+    ap.add_argument("--files", type=parse_list, default=[SEED_TOTAL, 1_000_000],
+                    help="file counts for the growth table, separated by / (default 37312/1000000)")
+    ap.add_argument("--units", type=parse_list, default=[1, 100, 500],
+                    help="declared-unit counts for the growth table (default 1/100/500)")
+    ap.add_argument("--quick", action="store_true", help="3 runs, files only up to 37,312")
+    ap.add_argument("--no-peers", action="store_true", help="skip Ansible, pyinfra and testinfra")
+    ap.add_argument("--no-gpus", action="store_true", help="leave the fake GPUs out")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: units,files,apply,importtime")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, state files, playbooks)")
+    ap.add_argument("--inner", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.inner:
+        inner(a.inner)
+        return
+    if a.quick:
+        a.runs = 3
+        a.files = [n for n in a.files if n <= SEED_TOTAL] or [SEED_TOTAL]
+    a.ansible_runs = a.ansible_runs or a.runs
+    skip = {s.strip() for s in a.skip.split(",") if s.strip()}
+    if os.geteuid() != 0:
+        sys.exit("bench: needs root (it boots systemd in a namespace, mounts tmpfs there): sudo python3 bench/run.py")
+
+    b = Bench(a)
+    b.meta["argv"] = sys.argv[1:]
+    if not a.no_peers:
+        b.meta["peers"] = ensure_peers()
+    t_start = time.perf_counter()
+    try:
+        b.start()
+        b.seed_audit()
+        if "apply" not in skip:
+            b.apply_seed()
+        if "units" not in skip:
+            b.growth_units()
+        if "importtime" not in skip:
+            b.importtime()
+        if "files" not in skip:
+            b.growth_files()
+    finally:
+        b.stop()
+    b.meta["seconds"] = time.perf_counter() - t_start
+    b.meta.update({"gpus": b.gpus, "gpus_left_out_because": b.gpus_why, "kinds": sorted(b.kinds),
+                   "reconcile": b.rec_label, "cpus": os.cpu_count()})
+    text = b.report()
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "latest.md").write_text(text)
+    (RESULTS / "latest.json").write_text(json.dumps({"meta": b.meta, "results": b.results,
+                                                     "targets": [{"pass": ok, "text": t} for ok, t in b.targets()]},
+                                                    indent=1))
+    print(text)
+    log(f"done in {b.meta['seconds']:.0f}s; wrote {RESULTS / 'latest.md'} and latest.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Helpers for the extraction tests: sample files in SpecForge's layout, state files, the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fake_extract import ckpt_bytes, safetensors_bytes, sample_path
+
+FAKE_EXTRACT = str(Path(__file__).with_name("fake_extract.py"))
+
+
+def write_sample(out: Path, idx: int, group: int = 10, fmt: str = "ckpt", size: int = 256,
+                 cut: int | None = None) -> Path:
+    """One sample file; `cut` keeps only that many bytes (a file cut off mid-write)."""
+    path = Path(sample_path(str(out), idx, group, fmt))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "safetensors":
+        data = safetensors_bytes(idx, size)
+    else:
+        data = ckpt_bytes(f"data_{idx}", idx, size)
+        if fmt == "ckpt.gz":
+            data = gzip.compress(data)
+    path.write_bytes(data if cut is None else data[:cut])
+    return path
+
+
+def write_samples(out: Path, indices, **kw) -> None:
+    for i in indices:
+        write_sample(out, i, **kw)
+
+
+def state_yaml(path: Path, extraction: dict, name: str = "eagle3", units: dict | None = None,
+               extra: dict | None = None) -> Path:
+    """A state file (JSON is YAML) with one extraction."""
+    doc: dict = {"version": 1, "extractions": {name: extraction, **(extra or {})}}
+    if units:
+        doc["units"] = units
+    path.write_text(json.dumps(doc, indent=2))
+    return path
+
+
+def env_for(tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["RECONCILE_CACHE_DIR"] = str(tmp / "cache")
+    env["RECONCILE_STATE_DIR"] = str(tmp / "state")
+    env.pop("RECONCILE_STATE", None)
+    return env
+
+
+def cli(tmp: Path, *args: str, runner=None, timeout: float = 60) -> tuple[int, dict | None, str]:
+    """Run `reconcile ARGS --format json` (apply gets a journal in tmp); return (rc, report, stderr).
+    `runner` is a NamespacedSystemd to run it inside that namespace."""
+    argv = [sys.executable, "-m", "reconcile", *args, "--format", "json"]
+    if args[0] == "apply":
+        argv += ["--journal", str(tmp / "journal.jsonl")]
+    if runner is not None:
+        proc = runner.run(argv, env=env_for(tmp), timeout=timeout)
+    else:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env_for(tmp), timeout=timeout, cwd=tmp)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        report = None
+    return proc.returncode, report, proc.stderr
+
+
+def resource(report: dict, rid: str = "extraction:eagle3") -> dict:
+    return next(r for r in report["resources"] if r["id"] == rid)

@@ -1,0 +1,202 @@
+"""Helpers for the GPU tests: build the fake libnvidia-ml.so.1, write its config,
+start stand-in GPU processes and read the fake "GPUs" back through the real pynvml.
+
+Imported by name (tests/ is on sys.path under pytest's default import mode).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FAKE_SRC = HERE / "fakenvml" / "fakenvml.c"
+HOLDER = HERE / "fakenvml" / "holder.py"
+DATA = HERE / "data" / "gpus"
+SEED_TOTAL_MIB = 97887  # RTX PRO 6000 Blackwell, as nvidia-smi showed it on the seed host
+SEED_GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+
+
+def build_fake_nvml(outdir: Path, old_driver: bool = False) -> Path:
+    """Compile the fake into OUTDIR/libnvidia-ml.so.1; return OUTDIR (for LD_LIBRARY_PATH)."""
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        raise FileNotFoundError("gcc not found")
+    outdir.mkdir(parents=True, exist_ok=True)
+    cmd = [gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Wno-format-truncation", "-o",
+           str(outdir / "libnvidia-ml.so.1"), str(FAKE_SRC)]
+    if old_driver:
+        cmd.insert(1, "-DFAKE_OLD_DRIVER")
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return outdir
+
+
+@dataclass
+class FakeGpu:
+    name: str = SEED_GPU_NAME
+    total_mib: int = SEED_TOTAL_MIB
+    used_mib: int = 0
+    reserved_mib: int = 0
+    temp: int = 28
+    power_mw: int = 84000
+    ecc_volatile: int = 0
+    retired_pending: int = 0
+    remap_pending: int = 0
+    remap_failure: int = 0
+    unsupported: tuple[str, ...] = ()
+
+
+@dataclass
+class FakeHolder:
+    mib: int
+    gpus: Sequence[int]
+    comm: str = ""
+    cmdline: str = ""  # a substring of the command line, e.g. a holder's tag
+    hidden: bool = False
+    graphics: bool = False
+
+
+@dataclass
+class FakeConfig:
+    gpus: list[FakeGpu] = field(default_factory=list)
+    holders: list[FakeHolder] = field(default_factory=list)
+    driver: str = "590.48.01"
+
+    def text(self) -> str:
+        lines = [f"driver version={self.driver}"]
+        for i, g in enumerate(self.gpus):
+            parts = [f'name="{g.name}"', f"uuid=GPU-{uuid.UUID(int=i + 1)}",
+                     f"bus=00000000:{0x11 + i * 0x10:02X}:00.0", f"total_mib={g.total_mib}",
+                     f"used_mib={g.used_mib}", f"reserved_mib={g.reserved_mib}", f"temp={g.temp}",
+                     f"power_mw={g.power_mw}", f"ecc_volatile={g.ecc_volatile}",
+                     f"retired_pending={g.retired_pending}", f"remap_pending={g.remap_pending}",
+                     f"remap_failure={g.remap_failure}"]
+            if g.unsupported:
+                parts.append("unsupported=" + ",".join(g.unsupported))
+            lines.append("gpu " + " ".join(parts))
+        for h in self.holders:
+            parts = [f"mib={h.mib}", "gpus=" + ",".join(str(g) for g in h.gpus),
+                     f"hidden={int(h.hidden)}", f"graphics={int(h.graphics)}"]
+            if h.comm:
+                parts.append(f"comm={h.comm}")
+            if h.cmdline:
+                parts.append(f"cmdline={h.cmdline}")
+            lines.append("holder " + " ".join(parts))
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: Path) -> Path:
+        path.write_text(self.text())
+        return path
+
+
+def seed_gpus(n: int = 8, **kw) -> list[FakeGpu]:
+    return [FakeGpu(**kw) for _ in range(n)]
+
+
+def nvml_env(libdir: Path | None, config: Path | None) -> dict[str, str]:
+    """Environment entries that point pynvml at the fake (None: no library at all)."""
+    env = {}
+    if libdir is not None:
+        env["LD_LIBRARY_PATH"] = str(libdir)
+    if config is not None:
+        env["FAKE_NVML_CONFIG"] = str(config)
+    return env
+
+
+def new_tag() -> str:
+    return f"gpu-holder-{uuid.uuid4().hex[:12]}"
+
+
+class Holders:
+    """Stand-in GPU processes started by a test; every one is killed by PID at the end."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, name: str, tag: str, hold: Path | None = None, ignore_term: bool = False) -> subprocess.Popen:
+        argv = [sys.executable, str(HOLDER), name, tag]
+        if hold is not None:
+            argv += ["--hold", str(hold)]
+        if ignore_term:
+            argv.append("--ignore-term")
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        self.procs.append(proc)
+        line = proc.stdout.readline()  # "ready": the name is set and the file is held
+        assert line.strip() == "ready", f"holder {name} did not start: {line!r}"
+        return proc
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)  # our own child, by PID
+            proc.wait(timeout=10)
+            if proc.stdout:
+                proc.stdout.close()
+
+
+def proc_alive(pid: int) -> bool:
+    """True while /proc shows the process and it is not a zombie (what `ps` would say)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+PYNVML_PROBE = textwrap.dedent("""
+    import json, pynvml
+    pynvml.nvmlInit()
+    out = []
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        m = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        out.append({"used_mib": m.used // 2**20, "total_mib": m.total // 2**20,
+                    "pids": sorted(p.pid for p in procs)})
+    pynvml.nvmlShutdown()
+    print(json.dumps(out))
+""")
+
+
+def pynvml_probe_argv() -> list[str]:
+    """A python command that prints each GPU's used/total MiB and PIDs as pynvml sees them."""
+    return [sys.executable, "-c", PYNVML_PROBE]
+
+
+def parse_probe(stdout: str) -> list[dict]:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def fake_nvidia_smi(bindir: Path, gpu_csv: Path, apps_csv: Path, remap_csv: Path | None = None) -> Path:
+    """A stand-in `nvidia-smi` that prints recorded CSV for the queries reconcile makes."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    script = bindir / "nvidia-smi"
+    remap = (f'cat "{remap_csv}"' if remap_csv
+             else 'echo "Field \\"remapped_rows.pending\\" is not a valid field to query." >&2; exit 2')
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case "$*" in
+          *--query-gpu=index,*) cat "{gpu_csv}" ;;
+          *--query-gpu=uuid,remapped_rows*) {remap} ;;
+          *--query-compute-apps=*) cat "{apps_csv}" ;;
+          *) echo "fake nvidia-smi: unexpected arguments: $*" >&2; exit 2 ;;
+        esac
+        """))
+    script.chmod(0o755)
+    return script
+
+
+def path_without(names: Iterable[str]) -> str:
+    """$PATH minus the directories that hold any of NAMES (e.g. a real nvidia-smi)."""
+    dirs = [d for d in os.environ.get("PATH", "").split(os.pathsep)
+            if d and not any(os.path.exists(os.path.join(d, n)) for n in names)]
+    return os.pathsep.join(dirs)

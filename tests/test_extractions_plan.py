@@ -1,0 +1,212 @@
+"""Pure layer: integrity checks on crafted files, scanning by name, diff and plan."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import zipfile
+
+import pytest
+from extraction_support import write_sample, write_samples
+from reconcile.reconcilers.base import Context
+from reconcile.reconcilers.extractions import (
+    Damaged,
+    ExtractionObserved,
+    ExtractionsReconciler,
+    JobObserved,
+    compile_pattern,
+    format_ranges,
+    scan,
+    to_ranges,
+)
+from reconcile.reconcilers.integrity import check_file
+
+REC = ExtractionsReconciler()
+
+
+# --- integrity -------------------------------------------------------------------------
+
+def test_whole_ckpt_is_good(tmp_path):
+    path = write_sample(tmp_path, 3)
+    assert check_file(str(path))[0] is None
+    # It is what torch.load expects: a ZIP with <stem>/data.pkl.
+    assert "data_3/data.pkl" in zipfile.ZipFile(path).namelist()
+
+
+@pytest.mark.parametrize("cut", [1, 100, 300, -30, -1])
+def test_ckpt_cut_anywhere_is_damaged(tmp_path, cut):
+    full = write_sample(tmp_path, 3).read_bytes()
+    path = write_sample(tmp_path, 3, cut=cut if cut > 0 else len(full) + cut)
+    reason, st = check_file(str(path))
+    assert reason and st.st_size < len(full)
+
+
+def test_zero_byte_file_is_damaged(tmp_path):
+    path = tmp_path / "data_1.ckpt"
+    path.write_bytes(b"")
+    assert check_file(str(path))[0] == "empty file (0 bytes)"
+
+
+def test_zip_without_data_pkl_is_damaged(tmp_path):
+    path = tmp_path / "data_1.ckpt"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("x/other", b"1")
+    path.write_bytes(buf.getvalue())
+    assert "data.pkl" in check_file(str(path))[0]
+
+
+def test_zeroed_region_is_damaged(tmp_path):
+    # Page-cache loss after a VM crash: the size is right but blocks read as zeros.
+    path = write_sample(tmp_path, 3)
+    data = bytearray(path.read_bytes())
+    data[:64] = bytes(64)
+    path.write_bytes(bytes(data))
+    assert check_file(str(path))[0]
+
+
+def test_entry_beyond_end_is_damaged(tmp_path):
+    path = write_sample(tmp_path, 3, size=4096)
+    data = path.read_bytes()
+    zf = zipfile.ZipFile(io.BytesIO(data))
+    cd = zf.start_dir
+    # Drop 1000 bytes of the tensor data before the central directory (offsets now point too far).
+    info = zf.getinfo("data_3/data/0")
+    start = info.header_offset + 30 + len(info.filename)
+    path.write_bytes(data[:start + 10] + data[start + 1010:cd] + data[cd:])
+    assert check_file(str(path))[0]
+
+
+def test_gz_checked_shallow_unless_deep(tmp_path):
+    good = write_sample(tmp_path, 1, fmt="ckpt.gz")
+    full = good.read_bytes()
+    cut = write_sample(tmp_path, 2, fmt="ckpt.gz", cut=len(full) // 2)
+    assert check_file(str(good))[0] is None
+    assert check_file(str(good), deep=True)[0] is None
+    assert check_file(str(cut))[0] is None  # only the magic is seen without decompressing
+    assert "truncated" in check_file(str(cut), deep=True)[0]
+
+
+def test_gz_of_truncated_ckpt_is_damaged_when_deep(tmp_path):
+    inner = write_sample(tmp_path, 1).read_bytes()
+    path = tmp_path / "data_9.ckpt.gz"
+    path.write_bytes(gzip.compress(inner[: len(inner) - 40]))
+    assert check_file(str(path), deep=True)[0]
+
+
+def test_safetensors(tmp_path):
+    good = write_sample(tmp_path, 1, fmt="safetensors")
+    full = good.read_bytes()
+    assert check_file(str(good))[0] is None
+    cut = write_sample(tmp_path, 2, fmt="safetensors", cut=len(full) - 1)
+    assert check_file(str(cut))[0].startswith("truncated")
+    header = write_sample(tmp_path, 3, fmt="safetensors", cut=20)
+    assert check_file(str(header))[0].startswith("truncated")
+    long = tmp_path / "data_4.safetensors"
+    long.write_bytes(full + b"\0")
+    assert "after the last tensor" in check_file(str(long))[0]
+    bad = tmp_path / "data_5.safetensors"
+    bad.write_bytes((5).to_bytes(8, "little") + b"{nope")
+    assert "not JSON" in check_file(str(bad))[0]
+
+
+# --- scanning --------------------------------------------------------------------------
+
+def test_pattern_matches_specforge_names():
+    d, f = compile_pattern("rows_{group}/data_{index}.ckpt")
+    assert d.fullmatch("rows_0-2000") and not d.fullmatch("other")
+    assert f.fullmatch("data_17.ckpt").group("index") == "17"
+    assert f.fullmatch("data_17.ckpt.gz") and not f.fullmatch("data_17.ckpt.tmp")
+
+
+def test_scan_counts_by_name(tmp_path):
+    write_samples(tmp_path, [0, 1, 2, 11, 35])
+    write_sample(tmp_path, 12, fmt="ckpt.gz")
+    write_sample(tmp_path, 2, fmt="ckpt.gz")
+    (tmp_path / "rows_0-10" / "notes.txt").write_text("x")
+    (tmp_path / "other").mkdir()
+    (tmp_path / ".reconcile-quarantine" / "t" / "rows_0-10").mkdir(parents=True)
+    (tmp_path / ".reconcile-quarantine" / "t" / "rows_0-10" / "data_5.ckpt").write_bytes(b"")
+    found, extra, stray = scan(str(tmp_path), "rows_{group}/data_{index}.ckpt", 30)
+    assert sorted(found) == [0, 1, 2, 11, 12]
+    assert found[12] == "rows_10-20/data_12.ckpt.gz"
+    assert sorted([found[2], *extra[2]]) == ["rows_0-10/data_2.ckpt", "rows_0-10/data_2.ckpt.gz"]
+    assert stray == 1  # index 35 >= total
+
+
+def test_ranges():
+    assert to_ranges([5, 1, 2, 3, 9]) == [(1, 3), (5, 5), (9, 9)]
+    assert format_ranges([(1, 3), (5, 5)], 2) == "1-3, 5 (+2 more ranges)"
+
+
+# --- diff and plan ---------------------------------------------------------------------
+
+def resource(**spec):
+    base = {"dir": "/data/hs", "total": 100}
+    base.update(spec)
+    return REC.resources({"eagle3": base})[0]
+
+
+def observed(counted=50, damaged=(), running=False, how="unit", exists=True, rate=None, eta=None):
+    return ExtractionObserved(
+        dir="/data/hs", exists=True, total=100, done=counted, counted=counted, files=counted,
+        missing=100 - counted, missing_ranges=((counted, 99),) if counted < 100 else (), missing_ranges_more=0,
+        damaged=tuple(damaged), writing=0, verify="recent", checked=0, unverified_gz=0, out_of_range=0,
+        rate=rate, newest=None, eta_s=eta,
+        job=JobObserved(how, "eagle3-extract.service" if how == "unit" else "", running, "x", 0, exists))
+
+
+def test_done_is_ok():
+    r = resource(min_done=90, resume={"unit": "eagle3-extract.service"})
+    obs = observed(counted=95)
+    assert REC.diff(r, obs) == []
+    assert REC.plan(r, obs, [], Context()).actions == ()
+
+
+def test_short_and_stopped_plans_start():
+    r = resource(resume={"unit": "eagle3-extract.service"})
+    obs = observed(counted=40)
+    drift = REC.diff(r, obs)
+    assert [(d.field, d.want, d.have) for d in drift] == [("done", ">= 100", 40)]
+    plan = REC.plan(r, obs, drift, Context())
+    assert [(a.action, a.target) for a in plan.actions] == [("start", "eagle3-extract.service")]
+    assert not plan.converging and not plan.blocked
+    assert "missing 40-99" in plan.message
+
+
+def test_running_is_converging_with_eta():
+    r = resource(resume={"unit": "eagle3-extract.service"})
+    obs = observed(counted=40, running=True, rate=1.09, eta=55.0)
+    plan = REC.plan(r, obs, REC.diff(r, obs), Context())
+    assert plan.actions == () and "1.09 samples/s" in plan.converging and "ETA 55s" in plan.converging
+
+
+def test_damaged_quarantined_before_start():
+    r = resource(resume={"command": ["python", "x.py"]})
+    obs = observed(counted=40, damaged=[Damaged("rows_0-10/data_7.ckpt", "truncated", 10, 0.0)], how="command")
+    drift = REC.diff(r, obs)
+    assert ("damaged", 0, 1) in [(d.field, d.want, d.have) for d in drift]
+    plan = REC.plan(r, obs, drift, Context())
+    assert [a.action for a in plan.actions] == ["quarantine", "start"]
+    assert plan.actions[0].params["files"] == [{"path": "rows_0-10/data_7.ckpt", "reason": "truncated"}]
+
+
+def test_no_resume_or_missing_unit_is_blocked():
+    r = resource()
+    obs = observed(counted=40, how="none")
+    assert "no resume" in REC.plan(r, obs, REC.diff(r, obs), Context()).blocked
+    r = resource(resume={"unit": "eagle3-extract.service"})
+    obs = observed(counted=40, exists=False)
+    assert "not found" in REC.plan(r, obs, REC.diff(r, obs), Context()).blocked
+
+
+def test_min_done_defaults_to_total():
+    assert resource().spec["min_done"] == 100
+
+
+def test_observation_serialises():
+    from reconcile.reconcilers.base import to_plain
+
+    text = json.dumps(to_plain(observed(damaged=[Damaged("a", "b", 1, 2.0)])))
+    assert json.loads(text)["damaged"][0]["reason"] == "b"
