@@ -1,0 +1,194 @@
+"""The seed's whole recovery (../shared/seeds/) as one state file and one command.
+
+One namespace holds the story: a real systemd (PID 1) running `vllm-kimi-k25-int4.service`
+(Restart=always, enabled) that holds 8 fake GPUs at ~75.8 GB each through the real pynvml
+bindings; `/data` a tmpfs mounted in that namespace; a SpecForge-layout extraction stopped
+half way with one file cut off by the "crash", and `eagle3-extract.service` to resume it.
+The state is `states/kpro6-recovery.yaml`, changed only where the test needs it (paths,
+totals, the /data device and its free-space floor). Results are checked with systemctl,
+pynvml and the file system directly.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import gpu_support as gs
+import pytest
+from cli_support import cli_env, reconcile_argv
+from extraction_support import FAKE_EXTRACT, write_samples
+
+REPO = Path(__file__).resolve().parent.parent
+VLLM = "vllm-kimi-k25-int4.service"
+EXTRACT = "eagle3-extract.service"
+HOLD_MIB = 72289  # ~75.8 GB per GPU, as in the seed
+TOTAL, DONE, GROUP = 120, 60, 20  # "18,400 of 37,312" scaled down: half done
+CUT = DONE - 1  # the sample being written when the VM died
+
+
+@pytest.fixture(scope="module")
+def fake_lib(tmp_path_factory) -> Path:
+    return gs.build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
+
+
+def recovery_state(tmp: Path, data: Path) -> Path:
+    """states/kpro6-recovery.yaml with the test's paths and totals."""
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    doc = yaml.load((REPO / "states" / "kpro6-recovery.yaml").read_text())
+    mount = doc["mounts"].pop("/data")
+    mount["source"] = "tmpfs"  # the test's /data is a tmpfs, not /dev/nvme1n1
+    mount["min_free"] = "8MiB"  # a 64 MiB tmpfs cannot have 4 TB free
+    doc["mounts"][str(data)] = mount
+    ex = doc["extractions"]["eagle3-hidden-states"]
+    ex["dir"] = str(data / "hidden_states")
+    ex["total"] = ex["min_done"] = TOTAL
+    ex["needs"] = ["gpus", f"mount:{data}"]
+    out = tmp / "kpro6-recovery.yaml"
+    buf = io.StringIO()
+    yaml.dump(doc, buf)
+    out.write_text(buf.getvalue())
+    return out
+
+
+class Scenario:
+    def __init__(self, nsd, tmp: Path, lib: Path):
+        self.nsd, self.tmp, self.lib = nsd, tmp, lib
+        self.data = tmp / "data"
+        self.journal = tmp / "journal.jsonl"
+        self.config = tmp / "nvml.conf"
+
+    def env(self) -> dict[str, str]:
+        return {**cli_env(self.tmp), "RECONCILE_STATE_DIR": str(self.tmp / "state"),
+                **gs.nvml_env(self.lib, self.config)}
+
+    def cli(self, *args: str) -> tuple[int, dict, str]:
+        argv = reconcile_argv(*args, "--format", "json")
+        if args[0] == "apply":
+            argv += ["--journal", str(self.journal)]
+        proc = self.nsd.run(argv, env=self.env(), timeout=180)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+    def gpu_memory(self) -> list[int]:
+        out = self.nsd.run(gs.pynvml_probe_argv(), env={**os.environ, **gs.nvml_env(self.lib, self.config)},
+                           check=True)
+        return [g["used_mib"] for g in gs.parse_probe(out.stdout)]
+
+
+def by_id(report: dict) -> dict[str, dict]:
+    return {r["id"]: r for r in report["resources"]}
+
+
+@pytest.fixture
+def scenario(nsystemd, tmp_path, fake_lib):
+    s = Scenario(nsystemd, tmp_path, fake_lib)
+    nsystemd.set_hostname("kpro6-ct129")
+    tag = gs.new_tag()
+    gs.FakeConfig(gpus=gs.seed_gpus(8), holders=[gs.FakeHolder(mib=HOLD_MIB, gpus=range(8), cmdline=tag)]
+                  ).write(s.config)
+    # /data: a tmpfs inside the namespace only (private propagation: the host never sees it).
+    s.data.mkdir()
+    nsystemd.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(s.data)], check=True)
+    out = s.data / "hidden_states"
+    # Written through the namespace's view of the file system: the tmpfs is mounted only there.
+    s.ns_out = nsystemd.root / str(out).lstrip("/")
+    write_samples(s.ns_out, range(DONE), group=GROUP)
+    cut = s.ns_out / f"rows_{CUT // GROUP * GROUP}-{CUT // GROUP * GROUP + GROUP}" / f"data_{CUT}.ckpt"
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    old = time.time() - 3600  # written before the crash, an hour ago
+    for p in s.ns_out.rglob("*.ckpt"):
+        os.utime(p, (old, old))
+    s.cut = cut
+    # The vLLM service that auto-started after the reboot, holding every GPU.
+    nsystemd.write_unit(VLLM, (
+        f"[Unit]\nDescription=vLLM Kimi-K2.5 INT4\n[Service]\n"
+        f"ExecStart={sys.executable} {gs.HOLDER} vllm {tag}\nRestart=always\nRestartSec=100ms\n"
+        "[Install]\nWantedBy=multi-user.target\n"), enable=True)
+    nsystemd.systemctl("start", VLLM, check=True)
+    nsystemd.wait_active(VLLM)
+    # The extraction job, resumable: skips every index whose file exists (SpecForge's resume).
+    nsystemd.write_unit(EXTRACT, (
+        f"[Unit]\nDescription=EAGLE-3 hidden-state extraction\n[Service]\nType=exec\n"
+        f"ExecStart={sys.executable} {FAKE_EXTRACT} --out {out} --total {TOTAL} --rate 15 --group-size {GROUP}\n"))
+    s.state = recovery_state(tmp_path, s.data)
+    yield s
+    nsystemd.systemctl("stop", EXTRACT, VLLM)
+    nsystemd.run(["umount", "-l", str(s.data)])
+
+
+def test_seed_recovery_end_to_end(scenario):
+    s = scenario
+    assert s.gpu_memory() == [HOLD_MIB] * 8
+
+    # 1. The audit: every drift listed, nothing changed.
+    code, report, _ = s.cli("diff", str(s.state))
+    assert code == 2
+    res = by_id(report)
+    assert res[f"unit:{VLLM}"]["drift"] == [{"field": "active", "want": False, "have": True},
+                                           {"field": "enabled", "want": False, "have": True}]
+    assert res["gpus"]["status"] == "drift"
+    assert {d["field"] for d in res["gpus"]["drift"]} == {f"gpu{i}.memory_used" for i in range(8)}
+    assert f"freed by unit:{VLLM}" in res["gpus"]["message"]
+    assert res[f"mount:{s.data}"]["status"] == "ok"
+    ext = res["extraction:eagle3-hidden-states"]
+    assert {d["field"] for d in ext["drift"]} == {"damaged", "done"}
+    assert [a["action"] for a in ext["actions"]] == ["quarantine", "start"]
+    assert s.nsd.show(VLLM, "ActiveState") == "active" and s.gpu_memory() == [HOLD_MIB] * 8
+
+    # 2. The recovery: one command.
+    code, report, err = s.cli("apply", str(s.state))
+    assert code == 0, (report, err)
+    res = by_id(report)
+    assert [r["status"] for r in report["resources"]] == ["ok", "ok", "ok", "converging"], res
+    # the unit is stopped and disabled (systemd's own word), and Restart=always did not revive it
+    assert s.nsd.systemctl("is-active", VLLM).stdout.strip() == "inactive"
+    assert s.nsd.systemctl("is-enabled", VLLM).stdout.strip() == "disabled"
+    # the GPUs are free, as pynvml itself reads them
+    assert s.gpu_memory() == [0] * 8
+    assert res["gpus"]["summary"].count("0MiB / 97887MiB") == 8
+    # the cut-off sample is in quarantine, not deleted
+    assert not s.cut.exists() or zipfile.is_zipfile(s.cut)
+    quarantined = list((s.ns_out / ".reconcile-quarantine").rglob(s.cut.name))
+    assert len(quarantined) == 1
+    # the extraction runs
+    assert s.nsd.show(EXTRACT, "ActiveState") in ("active", "inactive")
+
+    # The journal is the recovery timeline, in order: the job started only after its needs were ok.
+    journal = [json.loads(line) for line in s.journal.read_text().splitlines()]
+    assert [(e["resource"], e["action"], e["result"]) for e in journal] == [
+        (f"unit:{VLLM}", "disable", "done"),
+        (f"unit:{VLLM}", "stop", "done"),
+        ("extraction:eagle3-hidden-states", "quarantine", "done"),
+        ("extraction:eagle3-hidden-states", "start", "done"),
+    ]
+    assert [e["time"] for e in journal] == sorted(e["time"] for e in journal)
+
+    # 3. A second apply right after does nothing.
+    code, report, _ = s.cli("apply", str(s.state))
+    assert code == 0 and report["summary"]["actions_done"] == 0
+    assert len(s.journal.read_text().splitlines()) == 4
+
+    # 4. Later diffs show progress, then exit 0 once the job is done.
+    seen = []
+    deadline = time.monotonic() + 90
+    while True:
+        code, report, _ = s.cli("diff", str(s.state))
+        ext = by_id(report)["extraction:eagle3-hidden-states"]
+        seen.append((ext["observed"]["counted"], ext["status"]))
+        if code == 0:
+            break
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.5)
+    counts = [c for c, _ in seen]
+    assert counts == sorted(counts) and counts[-1] == TOTAL
+    assert all(status == "ok" for status in [r["status"] for r in report["resources"]])
+    # the regenerated sample is whole
+    assert zipfile.ZipFile(s.cut).testzip() is None
