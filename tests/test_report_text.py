@@ -1,0 +1,61 @@
+"""The text report: plan-style lines, colour only on a terminal and never with NO_COLOR."""
+
+from __future__ import annotations
+
+import os
+import pty
+import subprocess
+
+from cli_support import cli_env, reconcile_argv
+
+
+def drifting_state(tmp):
+    # A mount point that nothing is mounted on and that no fstab names: drift on any machine.
+    point = tmp / "not-mounted"
+    point.mkdir()
+    path = tmp / "s.yaml"
+    path.write_text(f"version: 1\nmounts:\n  {point}:\n    mounted: true\n")
+    return path, point
+
+
+def run_on_tty(argv, env):
+    """Run with stdout on a pseudo-terminal, as a person at a terminal would."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(argv, stdout=follower, stderr=subprocess.PIPE, env=env, close_fds=True)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # EIO once the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    proc.wait(timeout=30)
+    return proc.returncode, b"".join(chunks).decode()
+
+
+def test_colour_on_a_terminal_only(tmp_path):
+    state, point = drifting_state(tmp_path)
+    env = cli_env(tmp_path)
+    code, out = run_on_tty(reconcile_argv("diff", str(state)), env)
+    assert code == 2
+    assert "\033[" in out and f"mount:{point}" in out
+
+    code, out = run_on_tty(reconcile_argv("diff", str(state)), {**env, "NO_COLOR": "1"})
+    assert code == 2 and "\033[" not in out and f"mount:{point}" in out
+
+    piped = subprocess.run(reconcile_argv("diff", str(state)), capture_output=True, text=True, env=env)
+    assert piped.returncode == 2 and "\033[" not in piped.stdout
+
+
+def test_plan_style_lines(tmp_path):
+    state, point = drifting_state(tmp_path)
+    proc = subprocess.run(reconcile_argv("diff", str(state)), capture_output=True, text=True, env=cli_env(tmp_path))
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"reconcile diff: {state} on {os.uname().nodename}"
+    assert any(line.startswith(f"  ! mount:{point}") or line.startswith(f"  ~ mount:{point}") for line in lines)
+    assert any("mounted:" in line and "false -> true" in line for line in lines), proc.stdout
+    assert lines[-1].startswith(("Plan:", "Error:")) or "blocked" in lines[-1]
