@@ -147,8 +147,10 @@ def render_text(doc: dict[str, Any], out: IO[str], verbose: bool = False, style:
         verdict = "No drift: the host matches the state file."
     elif summary.get("error"):
         verdict = f"Error: {_plural(summary['error'], 'resource')} could not be observed."
-    else:
+    elif summary["actions_planned"]:
         verdict = f"Plan: {_plural(summary['actions_planned'], 'action')} to take."
+    else:
+        verdict = "No actions planned."
     out.write(s(verdict, "bold") + f" {counts}.\n")
 
 

@@ -58,4 +58,4 @@ def test_plan_style_lines(tmp_path):
     assert lines[0] == f"reconcile diff: {state} on {os.uname().nodename}"
     assert any(line.startswith(f"  ! mount:{point}") or line.startswith(f"  ~ mount:{point}") for line in lines)
     assert any("mounted:" in line and "false -> true" in line for line in lines), proc.stdout
-    assert lines[-1].startswith(("Plan:", "Error:")) or "blocked" in lines[-1]
+    assert lines[-1] == "No actions planned. 1 blocked."
