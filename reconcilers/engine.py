@@ -35,8 +35,8 @@ from .statefile import LoadedState
 
 # A resource is worked on in passes (plan, act, observe) until nothing is left to do,
 # like a controller requeueing: some fixes only show their next step once the first is
-# done (unmask, then disable). Bounded, and a pass that plans what the last one did
-# again stops the loop: no progress is not retried forever.
+# done (unmask, then disable). Bounded, and a pass after which the resource looks exactly
+# as before stops the loop: no progress is not retried.
 MAX_PASSES = 3
 SETTLE_POLL = 0.25
 
@@ -244,7 +244,6 @@ class Engine:
 
         rec = self.reconciler(r)
         results: list[ActionResult] = []
-        done_before: list[tuple[str, str]] = []
         failure = ""
         allowed = None if only is None else set(only.get(r.id, ()))
         not_allowed: dict[tuple[str, str], Action] = {}
@@ -256,9 +255,6 @@ class Engine:
                 actions = tuple(a for a in actions if (a.action, a.target) in allowed)
             if not actions:
                 break
-            signature = [(a.action, a.target) for a in actions]
-            if signature == done_before[-len(signature):]:
-                break  # the same actions again would not change anything
             before = to_plain(obs)
             pass_results = []
             for action in actions:
@@ -270,7 +266,6 @@ class Engine:
                     pass_results.append(ActionResult(action, Result.FAILED, str(exc), t0, self.clock()))
                     failure = f"{action.action} {action.target} failed: {exc}"
                     break
-            done_before.extend(signature)
             obs = self._verify(r)
             after = None if isinstance(obs, ObserveError) else to_plain(obs)
             self._journal(r, pass_results, before, after)
@@ -280,8 +275,8 @@ class Engine:
                 done = {id(p.action) for p in pass_results}
                 results.extend(ActionResult(a, Result.SKIPPED) for a in actions if id(a) not in done)
                 break
-            if isinstance(obs, ObserveError):
-                break
+            if isinstance(obs, ObserveError) or after == before:
+                break  # unobservable now, or the pass changed nothing: another would not either
 
         refused = ""
         if not_allowed:

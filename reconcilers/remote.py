@@ -206,8 +206,13 @@ def _last_line(text: str) -> str:
 
 
 def _json_object(text: str) -> dict[str, Any] | None:
+    """The JSON object on stdout; a login script's chatter before it (a banner, a `echo` in
+    .bashrc) is skipped: the object starts at the first line that opens with `{`."""
+    start = 0 if text.startswith("{") else text.find("\n{") + 1
+    if not text or (start == 0 and not text.startswith("{")):
+        return None
     try:
-        doc = json.loads(text)
+        doc, _ = json.JSONDecoder().raw_decode(text, start)
     except ValueError:
         return None
     return doc if isinstance(doc, dict) else None

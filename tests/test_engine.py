@@ -1,0 +1,184 @@
+"""The engine's rules, on an in-memory world: ordering, needs, passes, verification, statuses,
+exit codes and the journal. The "toy" kind below is a complete reconciler whose host is a dict,
+so these rules are tested without touching a machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from reconcile.reconcilers import ID_PREFIXES, REGISTRY
+from reconcile.reconcilers.base import (
+    Action,
+    ApplyError,
+    Drift,
+    ObserveError,
+    Plan,
+    Reconciler,
+    Resource,
+)
+from reconcile.reconcilers.engine import ActionLog, Engine
+from reconcile.reconcilers.statefile import LoadedState, order_resources
+
+WORLD: dict = {}
+
+
+@dataclass(frozen=True)
+class ToyObserved:
+    level: int
+
+
+class ToyReconciler(Reconciler):
+    """A counter per resource that apply raises one step at a time (so it can need several
+    passes), with knobs for failing, never moving, being unobservable or running on its own."""
+
+    key, kind, rank = "toys", "toy", 5
+
+    def resources(self, section):
+        raise NotImplementedError  # built directly by the tests
+
+    def observe(self, host, resources):
+        WORLD.setdefault("observed", []).append([r.id for r in resources])
+        out = {}
+        for r in resources:
+            if r.spec.get("unobservable"):
+                out[r.id] = ObserveError("cannot see it")
+            else:
+                out[r.id] = ToyObserved(WORLD.get(r.name, 0))
+        return out
+
+    def diff(self, resource, observed):
+        want = resource.spec["want"]
+        return [] if observed.level == want else [Drift("level", want, observed.level)]
+
+    def plan(self, resource, observed, drift, ctx):
+        if not drift:
+            return Plan()
+        if resource.spec.get("running"):
+            return Plan(converging="working on it")
+        if resource.spec.get("blocked"):
+            return Plan(blocked="a person must act")
+        return Plan(actions=(Action("step", resource.name, f"step {resource.name}"),))
+
+    def apply(self, host, resource, action):
+        if resource.spec.get("fail"):
+            raise ApplyError("it broke")
+        if not resource.spec.get("stuck"):
+            WORLD[resource.name] = WORLD.get(resource.name, 0) + 1
+        WORLD.setdefault("applied", []).append(resource.name)
+        return "stepped"
+
+
+@pytest.fixture(autouse=True)
+def toy_kind(monkeypatch):
+    monkeypatch.setitem(REGISTRY, "toys", "test_engine:ToyReconciler")
+    monkeypatch.setitem(ID_PREFIXES, "toy", "toys")
+    WORLD.clear()
+    yield
+
+
+class Host:
+    def hostname(self):
+        return "toy-host"
+
+
+def state(*resources: Resource, host: str | None = None) -> LoadedState:
+    return LoadedState("toy.yaml", 1, host, {}, tuple(order_resources(list(resources))))
+
+
+def toy(name, want=1, needs=(), **spec):
+    return Resource(id=f"toy:{name}", kind="toy", name=name, spec={"want": want, **spec}, needs=tuple(needs))
+
+
+def statuses(report):
+    return {r.resource.id: r.status.value for r in report.resources}
+
+
+def test_diff_changes_nothing_and_reports_drift():
+    report = Engine(state(toy("a"), toy("b", want=0)), Host()).diff()
+    assert statuses(report) == {"toy:a": "drift", "toy:b": "ok"}
+    assert report.exit_code == 2 and "applied" not in WORLD
+
+
+def test_apply_converges_and_verifies():
+    log = ActionLog()
+    report = Engine(state(toy("a", want=2)), Host(), journal=log).apply()
+    assert statuses(report) == {"toy:a": "ok"} and report.exit_code == 0
+    # two passes: each step reveals the next
+    assert WORLD["applied"] == ["a", "a"]
+    assert [(e["resource"], e["action"], e["before"], e["after"]) for e in log.entries] == [
+        ("toy:a", "step", {"level": 0}, {"level": 1}),
+        ("toy:a", "step", {"level": 1}, {"level": 2}),
+    ]
+
+
+def test_passes_are_bounded():
+    report = Engine(state(toy("a", want=10)), Host()).apply()
+    assert WORLD["applied"] == ["a"] * 3
+    assert statuses(report) == {"toy:a": "drift"} and report.exit_code == 2
+    assert "not verified" in report.resources[0].message
+
+
+def test_no_progress_is_not_retried():
+    report = Engine(state(toy("a", stuck=True)), Host()).apply()
+    assert WORLD["applied"] == ["a"]  # the same action again would change nothing
+    assert statuses(report) == {"toy:a": "drift"}
+
+
+def test_failed_need_blocks_and_skips_dependent():
+    report = Engine(state(toy("b", needs=["toy:a"]), toy("a", fail=True)), Host()).apply()
+    assert [r.resource.id for r in report.resources] == ["toy:a", "toy:b"]
+    a, b = report.resources
+    assert a.status.value == "drift" and a.actions[0].result.value == "failed" and "it broke" in a.message
+    assert b.status.value == "blocked" and "toy:a is drift" in b.message
+    assert [x.result.value for x in b.actions] == ["skipped"]
+    assert WORLD.get("b", 0) == 0
+
+
+def test_need_not_ok_but_nothing_to_do_is_ok():
+    report = Engine(state(toy("a", fail=True), toy("b", want=0, needs=["toy:a"])), Host()).apply()
+    assert statuses(report)["toy:b"] == "ok"
+
+
+def test_reobserved_after_host_changed():
+    Engine(state(toy("a"), toy("b", want=0)), Host()).apply()
+    # one batched observation of both, then b again because a changed the host, then a's verification
+    assert WORLD["observed"][0] == ["toy:a", "toy:b"]
+    assert ["toy:b"] in WORLD["observed"][1:]
+
+
+def test_converging_settles_apply_not_diff():
+    st = state(toy("job", running=True))
+    assert Engine(st, Host()).diff().exit_code == 2
+    report = Engine(st, Host()).apply()
+    assert statuses(report) == {"toy:job": "converging"} and report.exit_code == 0
+
+
+def test_blocked_and_error_statuses_and_exit_codes():
+    report = Engine(state(toy("a", blocked=True)), Host()).apply()
+    assert statuses(report) == {"toy:a": "blocked"} and report.exit_code == 2
+    report = Engine(state(toy("a", unobservable=True), toy("b")), Host()).apply()
+    assert statuses(report) == {"toy:a": "error", "toy:b": "ok"} and report.exit_code == 1
+    assert report.resources[0].message == "cannot see it"
+
+
+def test_wrong_host_refused_by_apply_reported_by_diff():
+    from reconcile.reconcilers.engine import HostMismatch
+
+    st = state(toy("a"), host="kpro6-*")
+    with pytest.raises(HostMismatch):
+        Engine(st, Host()).apply()
+    report = Engine(st, Host()).diff()
+    assert report.host_matches is False and "kpro6-*" in report.notes[0]
+    assert "applied" not in WORLD
+
+
+def test_order_by_needs_then_rank_then_declaration():
+    res = [toy("c"), toy("b", needs=["toy:c"]), toy("a")]
+    assert [r.id for r in order_resources(res)] == ["toy:c", "toy:b", "toy:a"]
+    unit = Resource(id="unit:x.service", kind="unit", name="x.service", spec={})
+    gpus = Resource(id="gpus", kind="gpus", name="gpus", spec={})
+    mount = Resource(id="mount:/data", kind="mount", name="/data", spec={})
+    ext = Resource(id="extraction:e", kind="extraction", name="e", spec={})
+    assert [r.id for r in order_resources([ext, mount, gpus, unit])] == [
+        "unit:x.service", "gpus", "mount:/data", "extraction:e"]

@@ -1,0 +1,231 @@
+"""Remote runs as a user types them: `--host ssh://...` against a real sshd on 127.0.0.1, and
+`--via nsenter ...` into the namespaced systemd; results checked with systemctl and the
+target's own journal, not through reconcile's code."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cli_support import cli_env, reconcile_argv, run_cli
+from ssh_support import free_port, sshd  # noqa: F401  (the fixture)
+
+ROOT_OK = "version: 1\nmounts:\n  /:\n    mounted: true\n"
+
+
+def remote_command(tmp: Path, inner_prefix: str = "") -> str:
+    """The target's reconcile: this interpreter, with the test's cache (ssh passes no environment)."""
+    return f"{inner_prefix}env RECONCILE_CACHE_DIR={tmp / 'remote-cache'} {sys.executable} -m reconcile"
+
+
+def ssh_args(server, tmp: Path, *extra: str, inner_prefix: str = "") -> list[str]:
+    return ["--host", server.address, *server.ssh_option_args(), "--remote-command",
+            remote_command(tmp, inner_prefix), *extra]
+
+
+def test_diff_over_ssh_renders_like_a_local_run(sshd, tmp_path):  # noqa: F811
+    state = tmp_path / "host.yaml"
+    state.write_text(ROOT_OK)
+    local = run_cli(tmp_path, "diff", str(state))
+    remote = run_cli(tmp_path, "diff", str(state), *ssh_args(sshd, tmp_path))
+    assert remote.returncode == local.returncode == 0, remote.stderr
+    # Same target machine, same renderer: the very same text.
+    assert remote.stdout == local.stdout
+    assert remote.stderr == ""
+
+    proc = run_cli(tmp_path, "diff", str(state), "--format", "json", *ssh_args(sshd, tmp_path))
+    doc = json.loads(proc.stdout)
+    assert doc["state_file"] == str(state) and doc["exit_code"] == 0
+    assert [r["id"] for r in doc["resources"]] == ["mount:/"]
+    # The target filled its own cache, not ours: it validated the state itself.
+    assert (tmp_path / "remote-cache" / "validated").is_dir()
+
+    # The calls shared one connection: ssh's own master answers on the control socket.
+    sockets = [p for p in sshd.control_dir.iterdir() if stat.S_ISSOCK(p.stat().st_mode)]
+    assert len(sockets) == 1
+    check = subprocess.run(["ssh", "-o", f"ControlPath={sockets[0]}", "-O", "check", "x"],
+                           capture_output=True, text=True, timeout=10)
+    assert check.returncode == 0, check.stderr
+
+
+def test_drift_exit_code_comes_from_the_target(sshd, tmp_path):  # noqa: F811
+    mnt = tmp_path / "not-mounted"
+    mnt.mkdir()
+    state = tmp_path / "drift.yaml"
+    state.write_text(f"version: 1\nmounts:\n  {mnt}:\n    source: tmpfs\n    fstype: tmpfs\n")
+    proc = run_cli(tmp_path, "diff", str(state), *ssh_args(sshd, tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert f"mount -t tmpfs tmpfs {mnt}" in proc.stdout
+    assert "Plan: 1 action to take." in proc.stdout
+
+
+def test_bad_state_errors_point_into_the_users_file(sshd, tmp_path):  # noqa: F811
+    state = tmp_path / "bad.yaml"
+    state.write_text("version: 1\nmounts:\n  /:\n    mountd: true\n")
+    local = run_cli(tmp_path, "diff", str(state))
+    remote = run_cli(tmp_path, "diff", str(state), *ssh_args(sshd, tmp_path))
+    assert remote.returncode == local.returncode == 1
+    assert remote.stderr == local.stderr
+    assert remote.stderr.startswith(f"{state}:4:5: ")
+    assert "did you mean 'mounted'?" in remote.stderr
+    assert remote.stdout == ""
+
+
+def test_state_from_stdin_keeps_its_label(tmp_path):
+    proc = subprocess.run(reconcile_argv("diff", "-", "--state-label", "states/kpro6.yaml"), capture_output=True,
+                          text=True, input="version: 1\nmounts:\n  /:\n    mounted: yes please\n",
+                          env=cli_env(tmp_path), timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("states/kpro6.yaml:4:14: ")
+
+
+def test_target_without_reconcile_names_the_install_command(sshd, tmp_path):  # noqa: F811
+    state = tmp_path / "host.yaml"
+    state.write_text(ROOT_OK)
+    proc = run_cli(tmp_path, "diff", str(state), "--host", sshd.address, *sshd.ssh_option_args(),
+                   "--remote-command", "reconcile-not-installed-here")
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "reconcile is not installed on root@127.0.0.1" in lines[0]
+    assert "python3 -m pip install 'reconcile==" in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_incompatible_format_version_is_refused(sshd, tmp_path):  # noqa: F811
+    fake = tmp_path / "future-reconcile"
+    fake.write_text('#!/bin/sh\necho \'{"reconcile_version": "9.0.0", "format_version": "2"}\'\n')
+    fake.chmod(0o755)
+    state = tmp_path / "host.yaml"
+    state.write_text(ROOT_OK)
+    proc = run_cli(tmp_path, "diff", str(state), "--host", sshd.address, *sshd.ssh_option_args(),
+                   "--remote-command", str(fake))
+    assert proc.returncode == 1
+    assert len(proc.stderr.splitlines()) == 1
+    assert "runs reconcile 9.0.0 (report format 2)" in proc.stderr
+    assert "pip install" in proc.stderr
+
+
+def test_closed_port_fails_within_the_connect_timeout(tmp_path):
+    state = tmp_path / "host.yaml"
+    state.write_text(ROOT_OK)
+    port = free_port()  # nothing listens there
+    t0 = time.monotonic()
+    proc = run_cli(tmp_path, "diff", str(state), "--host", f"ssh://root@127.0.0.1:{port}", "--connect-timeout", "3s")
+    took = time.monotonic() - t0
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"reconcile: error: cannot reach root@127.0.0.1:{port}: ")
+    assert "Connection refused" in proc.stderr
+    assert took < 6, took  # generous: 2x the connect timeout
+
+
+def test_silent_server_fails_within_the_connect_timeout(tmp_path):
+    """A port that accepts and never says a word (a hung sshd): ssh's ConnectTimeout covers the banner."""
+    state = tmp_path / "host.yaml"
+    state.write_text(ROOT_OK)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        t0 = time.monotonic()
+        proc = run_cli(tmp_path, "diff", str(state), "--host", f"ssh://127.0.0.1:{port}", "--connect-timeout", "2s")
+        took = time.monotonic() - t0
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"reconcile: error: cannot reach 127.0.0.1:{port}: ")
+    assert "timed out" in proc.stderr
+    assert took < 4 + 2, took  # generous: 2x the connect timeout, plus Python's start
+
+
+def test_bad_host_address_is_one_line(tmp_path):
+    proc = run_cli(tmp_path, "diff", "x.yaml", "--host", "root@kpro6")
+    assert proc.returncode == 1
+    assert proc.stderr == "reconcile: error: invalid host 'root@kpro6': expected ssh://[user@]host[:port]\n"
+
+
+# --- on the namespaced systemd ---------------------------------------------------------
+
+SERVICE = "[Unit]\nDescription=remote test {name}\n[Service]\nExecStart=/bin/sleep infinity\n{extra}\n" \
+          "[Install]\nWantedBy=multi-user.target\n"
+
+
+def unit_state(name: str) -> str:
+    return f"version: 1\nunits:\n  {name}:\n    active: false\n    enabled: false\n"
+
+
+def test_via_nsenter_converges_units(nsystemd, tmp_path):
+    name = "remote-via.service"
+    nsystemd.write_unit(name, SERVICE.format(name=name, extra=""), enable=True)
+    nsystemd.systemctl("start", name, check=True)
+    state = tmp_path / "units.yaml"
+    state.write_text(unit_state(name))
+    via = f"nsenter -t {nsystemd.pid} -m -p -u"
+    journal = tmp_path / "journal.jsonl"
+    args = ["--via", via, "--remote-command", remote_command(tmp_path)]
+
+    diff = run_cli(tmp_path, "diff", str(state), *args)
+    assert diff.returncode == 2, diff.stderr
+    assert f"stop {name}" in diff.stdout
+
+    proc = run_cli(tmp_path, "apply", str(state), "--journal", str(journal), "--format", "json", *args)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["command"] == "apply" and doc["summary"]["actions_done"] == 2
+    assert nsystemd.systemctl("is-active", name).stdout.strip() == "inactive"
+    assert nsystemd.systemctl("is-enabled", name).stdout.strip() == "disabled"
+    # The target wrote its own journal (the path is on the target).
+    assert sorted(e["action"] for e in map(json.loads, journal.read_text().splitlines())) == ["disable", "stop"]
+
+    again = run_cli(tmp_path, "diff", str(state), *args)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_connection_dropped_mid_apply_then_rerun_converges(sshd, nsystemd, tmp_path):  # noqa: F811
+    """The TCP connection dies while the target is stopping a slow unit: a clear error here,
+    the target's apply runs to its end under its own lock, and the next run converges."""
+    name = "remote-slow-stop.service"
+    nsystemd.write_unit(name, SERVICE.format(name=name, extra="ExecStop=/bin/sleep 3"), enable=False)
+    nsystemd.systemctl("start", name, check=True)
+    state = tmp_path / "units.yaml"
+    state.write_text(unit_state(name))
+    journal = tmp_path / "journal.jsonl"
+    inner = f"nsenter -t {nsystemd.pid} -m -p -u "
+    # No shared connection here: the apply must own the connection that is cut.
+    argv = reconcile_argv("apply", str(state), "--journal", str(journal), "--ssh-option", "ControlMaster=no",
+                          *ssh_args(sshd, tmp_path, inner_prefix=inner))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
+    try:
+        deadline = time.monotonic() + 60
+        while nsystemd.show(name, "ActiveState") != "deactivating":
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the stop never started"
+            time.sleep(0.05)
+        assert sshd.drop_connections() > 0
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out + err
+    assert err.startswith("reconcile: error: connection lost during apply on root@127.0.0.1:"), err
+    assert f"the target's journal at {journal} holds what was done; run again to reconverge" in err
+
+    # The rerun waits for the orphaned apply's lock on the target, then finds nothing left to do.
+    rerun = run_cli(tmp_path, "apply", str(state), "--journal", str(journal), "--lock-timeout", "60s",
+                    *ssh_args(sshd, tmp_path, inner_prefix=inner), timeout=120)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert nsystemd.systemctl("is-active", name).stdout.strip() == "inactive"
+    entries = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [(e["action"], e["target"], e["result"]) for e in entries] == [("stop", name, "done")]
+
+
+def test_remote_command_is_quoted_once_for_the_remote_shell(sshd, tmp_path):  # noqa: F811
+    """A state file name with a space and a quote survives ssh's trip through the remote shell."""
+    state = tmp_path / "it's a host.yaml"
+    state.write_text("version: 1\nmounts:\n  /:\n    mountd: true\n")
+    proc = run_cli(tmp_path, "diff", str(state), *ssh_args(sshd, tmp_path))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"{state}:4:5: "), proc.stderr
