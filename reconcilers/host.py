@@ -35,6 +35,19 @@ class CommandTimeout(Exception):
     pass
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a child started with start_new_session=True and its whole process group, then
+    reap it for at most 2 s: a child in D-state cannot die, so abandon it rather than hang."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.communicate(timeout=2)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 class Host:
     """The local machine, optionally behind a command prefix."""
 
@@ -59,14 +72,7 @@ class Host:
         try:
             out, err = proc.communicate(input=input, timeout=timeout)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.communicate(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
+            kill_group(proc)
             raise CommandTimeout(f"`{' '.join(full)}` did not finish within {timeout:g}s") from None
         return CommandResult(tuple(full), proc.returncode, out, err)
 

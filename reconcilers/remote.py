@@ -17,7 +17,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import stat
 import subprocess
 import tempfile
@@ -29,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .. import FORMAT_VERSION, __version__
+from .host import kill_group
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_REMOTE_COMMAND = "reconcile"
@@ -180,24 +180,13 @@ def _run(argv: list[str], stdin: bytes | None, timeout: float) -> Outcome:
     try:
         out, err = proc.communicate(stdin, timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill(proc)
+        kill_group(proc)
         raise Deadline from None
     except BaseException:  # Ctrl-C: do not leave the client running on its own
-        _kill(proc)
+        kill_group(proc)
         raise
     return Outcome(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
                    time.monotonic() - t0)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.communicate(timeout=2)
-    except subprocess.TimeoutExpired:
-        pass  # a child in D-state: abandon it rather than hang with it
 
 
 def _last_line(text: str) -> str:
