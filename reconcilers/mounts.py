@@ -22,11 +22,11 @@ import posixpath
 import re
 import selectors
 import signal
-import sys
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
 from .host import CommandTimeout, Host
@@ -42,54 +42,52 @@ PROBE_PREFIX = ".reconcile-probe."  # name of the temporary file the write probe
 TAG_DIRS = {"UUID": "by-uuid", "LABEL": "by-label", "PARTUUID": "by-partuuid", "PARTLABEL": "by-partlabel"}
 
 # --- the child: everything that touches a possibly hung filesystem ------------------------
-# Run as `python -I -S -c PROBE_SCRIPT REQUEST_JSON`; prints one JSON object.
-PROBE_SCRIPT = r"""
-import json, os, stat, sys
-req = json.loads(sys.argv[1])
-tag_dirs = req["tag_dirs"]
+# Runs in a forked child (Host.fork_call); writes "statvfs done" and then one JSON object.
 
-def resolve(src):
+def _resolve_source(src: str) -> dict[str, Any]:
     path = src
     tag, sep, value = src.partition("=")
-    if sep and tag in tag_dirs:
+    if sep and tag in TAG_DIRS:
         # udev escapes these in link names (libblkid's blkid_encode_string)
         value = value.replace("\\", "\\x5c").replace("/", "\\x2f").replace(" ", "\\x20")
-        path = "/dev/disk/" + tag_dirs[tag] + "/" + value
+        path = f"/dev/disk/{TAG_DIRS[tag]}/{value}"
     if not path.startswith("/dev/"):
         return {"given": src, "path": src, "devno": None, "note": ""}
     if not os.path.exists(path):
-        return {"given": src, "path": None, "devno": None, "note": path + " does not exist"}
+        return {"given": src, "path": None, "devno": None, "note": f"{path} does not exist"}
     real = os.path.realpath(path)
     st = os.stat(real)
-    devno = "%d:%d" % (os.major(st.st_rdev), os.minor(st.st_rdev)) if stat.S_ISBLK(st.st_mode) else None
+    devno = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" if stat.S_ISBLK(st.st_mode) else None
     return {"given": src, "path": real, "devno": devno, "note": ""}
 
-out = {"sources": [resolve(s) for s in req["resolve"]]}
-path = req["path"]
-if req["stat"]:
-    try:
-        st = os.statvfs(path)
-        out["space"] = {"total_bytes": st.f_blocks * st.f_frsize, "free_bytes": st.f_bavail * st.f_frsize,
-                        "total_inodes": st.f_files, "free_inodes": st.f_favail}
-    except OSError as exc:
-        out["error"] = "statvfs %s: %s" % (path, exc.strerror)
-if req["probe"] and "error" not in out:
-    print("statvfs done", flush=True)  # lets the parent tell which step hung
-    name = os.path.join(path, req["prefix"] + str(os.getpid()))
-    try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+def probe_mount(req: dict[str, Any], out: IO[bytes]) -> None:
+    """statvfs, the write probe and source resolution for one mount; the answer goes to `out`."""
+    answer: dict[str, Any] = {"sources": [_resolve_source(s) for s in req["resolve"]]}
+    path = req["path"]
+    if req["stat"]:
         try:
-            os.write(fd, b"reconcile write probe\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            os.unlink(name)
-        out["writable"] = True
-    except OSError as exc:
-        out["writable"] = False
-        out["write_error"] = "%s (%s)" % (exc.strerror, name)
-print(json.dumps(out))
-"""
+            st = os.statvfs(path)
+            answer["space"] = {"total_bytes": st.f_blocks * st.f_frsize, "free_bytes": st.f_bavail * st.f_frsize,
+                               "total_inodes": st.f_files, "free_inodes": st.f_favail}
+        except OSError as exc:
+            answer["error"] = f"statvfs {path}: {exc.strerror}"
+    if req["probe"] and "error" not in answer:
+        out.write(b"statvfs done\n")  # lets the parent tell which step hung
+        name = os.path.join(path, req["prefix"] + str(os.getpid()))
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, b"reconcile write probe\n")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                os.unlink(name)
+            answer["writable"] = True
+        except OSError as exc:
+            answer["writable"] = False
+            answer["write_error"] = f"{exc.strerror} ({name})"
+    out.write(json.dumps(answer).encode() + b"\n")
 
 
 # --- observations ------------------------------------------------------------------------
@@ -359,14 +357,13 @@ class MountsReconciler(Reconciler):
         """Start one child per request, all at once, and collect each answer until its own
         deadline. A child that misses its deadline is sent SIGKILL and abandoned: never waited
         for, so this returns by the latest deadline whatever state the child is in."""
-        python = sys.executable if not host.prefix else "python3"
         procs, deadlines, chunks = {}, {}, {}
         answers: dict[str, Any] = {}
         sel = selectors.DefaultSelector()
         started = time.monotonic()
         for rid, req in requests.items():
             try:
-                proc = host.spawn([python, "-I", "-S", "-c", PROBE_SCRIPT, json.dumps(req)])
+                proc = host.fork_call(probe_mount, req)
             except OSError as exc:
                 answers[rid] = ObserveError(f"cannot start the probe of {req['path']}: {exc.strerror}")
                 continue

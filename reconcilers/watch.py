@@ -206,17 +206,14 @@ class Watcher:
         if sha == self._state_sha and self._state is not None:
             return self._state
         try:
-            # The bytes just hashed, not a second read that could see a newer version.
-            state = load(self.state_path, text=raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            state = None
+            try:
+                # The bytes just hashed, not a second read that could see a newer version.
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None  # let load() say where, as `reconcile validate` does
+            state = load(self.state_path, text=text)
         except StateFileError as exc:
             raise _PassFailed("state file does not validate, not applying it: " + "; ".join(exc.problems)) from None
-        if state is None:
-            try:
-                load(self.state_path)
-            except StateFileError as exc:
-                raise _PassFailed("; ".join(exc.problems)) from None
         verb = "loaded" if self._state_sha is None else "changed, reloaded"
         self._state, self._state_sha = state, sha
         self.log(f"state file {self.state_path} {verb} (sha256 {sha[:12]}, {len(state.resources)} resources)")

@@ -8,8 +8,7 @@ The observe step's child handling is tested with a fake Host whose probe never a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -158,22 +157,29 @@ mounts:
 class SilentProbeHost(Host):
     """The host of kpro6.mountinfo, whose probe children never answer (or answer `reply`)."""
 
-    def __init__(self, reply: dict | None = None, code: str | None = None):
+    def __init__(self, reply: dict | None = None, hang_after_statvfs: bool = False):
         super().__init__()
-        self.reply, self.code = reply, code
-        self.children: list[subprocess.Popen] = []
+        self.reply, self.hang_after_statvfs = reply, hang_after_statvfs
+        self.children: list = []
 
     def read_text(self, path: str) -> str:
         if path == "/proc/self/mountinfo":
             return (DATA / "kpro6.mountinfo").read_text()
         raise FileNotFoundError(path)
 
-    def spawn(self, argv):
-        code = self.code or ("import time; time.sleep(60)" if self.reply is None
-                             else f"print({json.dumps(self.reply)!r})")
-        proc = super().spawn([sys.executable, "-c", code])
-        self.children.append(proc)
-        return proc
+    def fork_call(self, fn, *args):
+        # The real fork, with a stand-in for the probe: it answers `reply`, or hangs as a
+        # statvfs (or a write probe) on a dead filesystem would.
+        def stand_in(req, out):
+            if self.hang_after_statvfs:
+                out.write(b"statvfs done\n")
+            if self.reply is None or self.hang_after_statvfs:
+                time.sleep(60)
+            out.write(json.dumps(self.reply).encode() + b"\n")
+
+        child = super().fork_call(stand_in, *args)
+        self.children.append(child)
+        return child
 
 
 def test_observe_abandons_a_probe_that_never_answers():
@@ -193,7 +199,7 @@ def test_observe_abandons_a_probe_that_never_answers():
 
 
 def test_observe_says_when_the_write_probe_is_what_hangs():
-    host = SilentProbeHost(code="import time; print('statvfs done', flush=True); time.sleep(60)")
+    host = SilentProbeHost(hang_after_statvfs=True)
     (r,) = REC.resources({"/data": {"writable": True, "probe_timeout": "500ms"}})
     try:
         err = REC.observe(host, [r])[r.id]

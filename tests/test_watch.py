@@ -12,7 +12,6 @@ import sys
 
 from cli_support import cli_env, reconcile_argv
 from gitops_support import REPO, cli, is_active, service, wait_for  # noqa: F401  (cli: fixture)
-
 from reconcile.reconcilers.journal import Journal, Lock
 from reconcile.reconcilers.watch import Watcher, backoff
 
@@ -100,7 +99,8 @@ def watch_unit(tmp, state, journal, log) -> str:
     return text.replace("[Service]\n", f"[Service]\nEnvironment=RECONCILE_CACHE_DIR={tmp}/cache\n"
                         f"StandardOutput=append:{log}\nStandardError=append:{log}\n"
                         # systemd tells ExecStopPost= how the main process ended.
-                        f"ExecStopPost=/bin/sh -c 'echo $SERVICE_RESULT $EXIT_CODE $EXIT_STATUS > {tmp}/exit-status'\n", 1)
+                        "ExecStopPost=/bin/sh -c 'echo $SERVICE_RESULT $EXIT_CODE $EXIT_STATUS"
+                        f" > {tmp}/exit-status'\n", 1)
 
 
 def test_watch_service_repairs_drift_reloads_state_and_stops_cleanly(nsystemd, cli):  # noqa: F811
