@@ -211,6 +211,7 @@ class ExtractionsReconciler(Reconciler):
     key = "extractions"
     kind = "extraction"
     rank = 40
+    volatile_drift = ("done",)  # a running job moves it
 
     def resources(self, section: dict[str, Any]) -> list[Resource]:
         out = []

@@ -276,6 +276,7 @@ class MountsReconciler(Reconciler):
     key = "mounts"
     kind = "mount"
     rank = 30
+    volatile_drift = ("min_free", "min_free_inodes")  # free space moves by itself
 
     def resources(self, section: dict[str, Any]) -> list[Resource]:
         out = []

@@ -192,3 +192,14 @@ def test_parse_duration_rejects(text):
 ])
 def test_unit_names(name, ok):
     assert is_unit_name(name) is ok
+
+
+def test_shipped_bundled_schema_is_current():
+    """schema/reconcile-state.schema.json (what editors point at) is exactly `reconcile schema`."""
+    import json
+    from pathlib import Path
+
+    from reconcile.reconcilers.statefile import bundled_schema
+
+    shipped = Path(__file__).resolve().parent.parent / "schema" / "reconcile-state.schema.json"
+    assert json.loads(shipped.read_text()) == bundled_schema(), "regenerate: reconcile schema > " + str(shipped)
