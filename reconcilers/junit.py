@@ -21,6 +21,8 @@ import time
 import xml.etree.ElementTree as ET
 from typing import IO, Any
 
+from .report import format_value
+
 # Not allowed anywhere in an XML 1.0 document, not even as character references.
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
@@ -29,16 +31,8 @@ def _clean(text: Any) -> str:
     return _INVALID_XML.sub("\ufffd", "" if text is None else str(text))
 
 
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    return str(v)
-
-
 def _drift_line(d: dict[str, Any]) -> str:
-    return f"{d['field']}: want {_value(d['want'])}, have {_value(d['have'])}"
+    return f"{d['field']}: want {format_value(d['want'])}, have {format_value(d['have'])}"
 
 
 def _action_line(a: dict[str, Any]) -> str:
@@ -59,7 +53,8 @@ def _short(res: dict[str, Any]) -> str:
     """The one-line `message` attribute CI systems show in their test list."""
     status = res["status"]
     if res.get("drift"):
-        fields = ", ".join(f"{d['field']}: {_value(d['have'])} -> {_value(d['want'])}" for d in res["drift"])
+        fields = ", ".join(f"{d['field']}: {format_value(d['have'])} -> {format_value(d['want'])}"
+                           for d in res["drift"])
         text = f"{status}: {fields}"
     else:
         text = status
@@ -108,7 +103,7 @@ def to_junit(doc: dict[str, Any]) -> ET.Element:
     for name in ("format_version", "reconcile_version", "command", "state_file", "host_pattern", "host_matches",
                  "exit_code"):
         if doc.get(name) is not None:
-            ET.SubElement(props, "property", {"name": name, "value": _clean(_value(doc[name]))})
+            ET.SubElement(props, "property", {"name": name, "value": _clean(format_value(doc[name]))})
     for res in resources:
         suite.append(_testcase(res))
     if doc.get("notes"):

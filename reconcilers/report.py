@@ -90,7 +90,8 @@ RESULT_MARK = {"planned": "→", "done": "✓", "failed": "✗", "skipped": "-"}
 RESULT_COLOUR = {"done": "green", "failed": "red", "skipped": "dim"}
 
 
-def _value(v: Any) -> str:
+def format_value(v: Any) -> str:
+    """A want/have value as the reports print it: true/false/null like the state file."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if v is None:
@@ -123,7 +124,8 @@ def render_text(doc: dict[str, Any], out: IO[str], verbose: bool = False, style:
         out.write(head + "  " + s(status, colour) + "\n")
         width = max((len(d["field"]) for d in res["drift"]), default=0)
         for d in res["drift"]:
-            out.write(f"      {d['field'] + ':':<{width + 1}} {_value(d['have'])} -> {s(_value(d['want']), 'bold')}\n")
+            have, want = format_value(d["have"]), s(format_value(d["want"]), "bold")
+            out.write(f"      {d['field'] + ':':<{width + 1}} {have} -> {want}\n")
         for a in res["actions"]:
             result = a["result"]
             text = a.get("description") or f"{a['action']} {a['target']}"

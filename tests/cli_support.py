@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -29,3 +30,68 @@ def run_cli(tmp: Path, *args: str, cwd: Path | None = None, timeout: float = 60,
 
 def report_of(proc) -> dict:
     return json.loads(proc.stdout)
+
+
+# --- the CLI inside the namespaced systemd (tests/nsystemd.py) ---------------------------
+
+SERVICE = """[Unit]
+Description=test service {name}
+[Service]
+ExecStart=/bin/sleep infinity
+{extra}
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def service(name: str, extra: str = "") -> str:
+    """A long-running test service that can be enabled (WantedBy=multi-user.target)."""
+    return SERVICE.format(name=name, extra=extra)
+
+
+class NsCli:
+    """Runs reconcile inside the namespace with a per-test cache and journal."""
+
+    def __init__(self, nsd, tmp: Path):
+        self.nsd, self.tmp = nsd, tmp
+        self.journal = tmp / "journal.jsonl"
+
+    def state(self, text: str, name: str = "state.yaml") -> Path:
+        path = self.tmp / name
+        path.write_text(text)
+        return path
+
+    def __call__(self, *args: str, timeout: float = 120, **env: str):
+        if args and args[0] == "apply" and "--dry-run" not in args and "--journal" not in args:
+            args = (*args, "--journal", str(self.journal))
+        return self.nsd.run(reconcile_argv(*args), env=cli_env(self.tmp, **env), timeout=timeout)
+
+    def json(self, *args: str):
+        proc = self(*args, "--format", "json")
+        assert proc.stdout, proc.stderr
+        return proc.returncode, json.loads(proc.stdout)
+
+    def journal_lines(self) -> list[dict]:
+        if not self.journal.exists():
+            return []
+        return [json.loads(line) for line in self.journal.read_text().splitlines() if line.strip()]
+
+
+def is_active(nsd, unit: str) -> str:
+    return nsd.systemctl("is-active", unit).stdout.strip()
+
+
+def is_enabled(nsd, unit: str) -> str:
+    return nsd.systemctl("is-enabled", unit).stdout.strip()
+
+
+def wait_for(predicate, timeout: float = 30, what: str = "condition"):
+    """Poll until predicate() is truthy; its last value, or AssertionError with `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.1)

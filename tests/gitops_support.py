@@ -4,77 +4,17 @@ inside the namespaced systemd, as tests/test_units.py does it."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
-from cli_support import cli_env, reconcile_argv
+from cli_support import NsCli, is_active, is_enabled, service, wait_for  # noqa: F401  (re-exported)
 
-SERVICE = """[Unit]
-Description=test service {name}
-[Service]
-ExecStart=/bin/sleep infinity
-[Install]
-WantedBy=multi-user.target
-"""
 REPO = Path(__file__).resolve().parent.parent
-
-
-def service(name: str) -> str:
-    return SERVICE.format(name=name)
-
-
-class Cli:
-    """Runs reconcile inside the namespace with a per-test cache and journal."""
-
-    def __init__(self, nsd, tmp: Path):
-        self.nsd, self.tmp = nsd, tmp
-        self.journal = tmp / "journal.jsonl"
-
-    def state(self, text: str, name: str = "state.yaml") -> Path:
-        path = self.tmp / name
-        path.write_text(text)
-        return path
-
-    def __call__(self, *args: str, timeout: float = 120, **env: str):
-        if args and args[0] == "apply" and "--dry-run" not in args and "--journal" not in args:
-            args = (*args, "--journal", str(self.journal))
-        return self.nsd.run(reconcile_argv(*args), env=cli_env(self.tmp, **env), timeout=timeout)
-
-    def json(self, *args: str):
-        proc = self(*args, "--format", "json")
-        assert proc.stdout, proc.stderr
-        return proc.returncode, json.loads(proc.stdout)
-
-    def journal_lines(self) -> list[dict]:
-        if not self.journal.exists():
-            return []
-        return [json.loads(line) for line in self.journal.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture
 def cli(nsystemd, tmp_path):
-    return Cli(nsystemd, tmp_path)
-
-
-def is_active(nsd, unit: str) -> str:
-    return nsd.systemctl("is-active", unit).stdout.strip()
-
-
-def is_enabled(nsd, unit: str) -> str:
-    return nsd.systemctl("is-enabled", unit).stdout.strip()
-
-
-def wait_for(predicate, timeout: float = 30, what: str = "condition"):
-    """Poll until predicate() is truthy; its last value, or AssertionError with `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
+    return NsCli(nsystemd, tmp_path)
 
 
 def report_schema() -> dict:

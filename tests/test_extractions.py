@@ -16,20 +16,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from cli_support import wait_for
 from extraction_support import FAKE_EXTRACT, cli, resource, state_yaml, write_sample, write_samples
 
 UNIT = "eagle3-extract.service"
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def _old(path: Path) -> None:
@@ -139,7 +129,7 @@ def test_resume_command_detached_and_logged(tmp_path):
             seen.append(resource(rep)["observed"]["counted"])
             return rc == 0
 
-        _wait_for(finished, 60, "the command to finish")
+        wait_for(finished, 60, "the command to finish")
         assert seen[-1] == 30 and seen == sorted(seen)
         log = Path(info["log"]).read_text()
         assert "wrote 5" in log and "finished: wrote 24" in log
@@ -187,9 +177,9 @@ def _interrupted_job(nsystemd, tmp_path: Path) -> tuple[Path, Path]:
     flag.write_text("")
     nsystemd.write_unit(UNIT, _unit_text(out, log, flag))
     nsystemd.systemctl("start", UNIT, check=True)
-    _wait_for(lambda: log.exists() and "paused at 7" in log.read_text(), 30, "the job to pause mid-write")
+    wait_for(lambda: log.exists() and "paused at 7" in log.read_text(), 30, "the job to pause mid-write")
     nsystemd.systemctl("kill", "--signal=SIGKILL", UNIT, check=True)
-    _wait_for(lambda: nsystemd.show(UNIT, "ActiveState") in ("failed", "inactive"), 10, "the unit to die")
+    wait_for(lambda: nsystemd.show(UNIT, "ActiveState") in ("failed", "inactive"), 10, "the unit to die")
     half = out / "rows_0-20" / "data_7.ckpt"
     with pytest.raises(zipfile.BadZipFile):
         zipfile.ZipFile(half)  # what torch.load would trip over
@@ -240,7 +230,7 @@ def test_killed_job_quarantined_resumed_and_finished(nsystemd, tmp_path):
         progress.append((r["observed"]["counted"], r["status"]))
         return rc == 0
 
-    _wait_for(finished, 60, "the extraction to reach 60 samples")
+    wait_for(finished, 60, "the extraction to reach 60 samples")
     counts = [c for c, _ in progress]
     assert counts == sorted(counts) and counts[-1] == 60 and progress[-1][1] == "ok"
     # Seen on the way: the job running, short of its target (10 samples/s, ~5 s to go).

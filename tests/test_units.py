@@ -10,58 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_support import cli_env, reconcile_argv
+from cli_support import NsCli, cli_env, is_active, is_enabled, reconcile_argv, service
 
-SERVICE = """[Unit]
-Description=test service {name}
-[Service]
-ExecStart=/bin/sleep infinity
-{extra}
-[Install]
-WantedBy=multi-user.target
-"""
 STATIC = "[Unit]\nDescription=static\n[Service]\nExecStart=/bin/sleep infinity\n"
 VLLM = "vllm-kimi-k25-int4.service"
 
 
-def service(name: str, extra: str = "") -> str:
-    return SERVICE.format(name=name, extra=extra)
-
-
-class Cli:
-    """Runs reconcile inside the namespace with per-test cache and journal."""
-
-    def __init__(self, nsd, tmp: Path):
-        self.nsd, self.tmp = nsd, tmp
-        self.journal = tmp / "journal.jsonl"
-
-    def state(self, text: str, name: str = "state.yaml") -> Path:
-        path = self.tmp / name
-        path.write_text(text)
-        return path
-
-    def __call__(self, *args: str, timeout: float = 120, **env: str):
-        if args and args[0] == "apply" and "--dry-run" not in args and "--journal" not in args:
-            args = (*args, "--journal", str(self.journal))
-        return self.nsd.run(reconcile_argv(*args), env=cli_env(self.tmp, **env), timeout=timeout)
-
-    def json(self, *args: str):
-        proc = self(*args, "--format", "json")
-        assert proc.stdout, proc.stderr
-        return proc.returncode, json.loads(proc.stdout)
-
-
 @pytest.fixture
 def cli(nsystemd, tmp_path):
-    return Cli(nsystemd, tmp_path)
-
-
-def is_active(nsd, unit):
-    return nsd.systemctl("is-active", unit).stdout.strip()
-
-
-def is_enabled(nsd, unit):
-    return nsd.systemctl("is-enabled", unit).stdout.strip()
+    return NsCli(nsystemd, tmp_path)
 
 
 SEED_STATE = f"""version: 1
