@@ -199,8 +199,9 @@ def run_inventory(command: str, opts: remote.RemoteOptions, fmt: str, verbose: b
         return 1
     hosts = inv.select(opts.limit)
     if journal and len(hosts) > 1 and "{host}" not in journal:
-        raise remote.RemoteError("--journal with --inventory must contain {host} (one journal and lock per host), "
-                                 "or set journal: per host in the inventory")
+        raise remote.RemoteError("--journal with --inventory must contain {host}, e.g. "
+                                 "/var/lib/reconcile/{host}/journal.jsonl (one journal per host; the lock sits in "
+                                 "the journal's directory), or set journal: per host in the inventory")
     with ThreadPoolExecutor(max_workers=min(opts.parallel, len(hosts))) as pool:
         results = list(pool.map(lambda h: run_host(h, command, opts, dry_run=dry_run, journal=journal,
                                                    lock_timeout=lock_timeout, run_timeout=run_timeout), hosts))

@@ -156,12 +156,13 @@ def test_apply_over_an_inventory_converges_each_host(sshd, nsystemd, tmp_path): 
         hosts[name] = {"address": sshd.address, "state": f"{name}/state.yaml"}
     inventory = write_inventory(tmp_path, sshd, hosts, {},
                                 inner_prefix=f"nsenter -t {nsystemd.pid} -m -p -u ")
-    journal = tmp_path / "journals" / "{host}.jsonl"
+    # All three "hosts" are this machine: each needs its own directory for its own lock.
+    journal = tmp_path / "journals" / "{host}" / "journal.jsonl"
     proc = run_cli(tmp_path, "apply", "--inventory", str(inventory), "--journal", str(journal), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = table_rows(proc.stdout)
     assert {n: rows[n][:3] for n in names} == {n: ["changed", "0", "1"] for n in names}
     for name in names:
         assert nsystemd.systemctl("is-active", f"inv-{name}.service").stdout.strip() == "inactive"
-        entries = (tmp_path / "journals" / f"{name}.jsonl").read_text().splitlines()
+        entries = (tmp_path / "journals" / name / "journal.jsonl").read_text().splitlines()
         assert [json.loads(e)["target"] for e in entries] == [f"inv-{name}.service"]
