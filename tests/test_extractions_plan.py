@@ -210,3 +210,24 @@ def test_observation_serialises():
 
     text = json.dumps(to_plain(observed(damaged=[Damaged("a", "b", 1, 2.0)])))
     assert json.loads(text)["damaged"][0]["reason"] == "b"
+
+
+def test_to_ranges_matches_a_plain_walk_on_random_sets():
+    import random
+
+    from reconcile.reconcilers.extractions import to_ranges
+
+    def plain(indices):
+        out = []
+        for i in sorted(set(indices)):
+            if out and i == out[-1][1] + 1:
+                out[-1] = (out[-1][0], i)
+            else:
+                out.append((i, i))
+        return out
+
+    rng = random.Random(7)
+    for _ in range(500):
+        indices = [rng.randrange(100) for _ in range(rng.randrange(80))]
+        assert to_ranges(indices) == plain(indices)
+    assert to_ranges(range(37312)) == [(0, 37311)]
