@@ -7,7 +7,6 @@ needs them, never here, so `reconcile diff` on a validated state file starts fas
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ def resolve_state_file(given: str | None) -> str:
     if env:
         return env
     tried.append("$RECONCILE_STATE (unset)")
-    short = socket.gethostname().split(".", 1)[0]
+    short = os.uname().nodename.split(".", 1)[0]
     for candidate in (f"states/{short}.yaml", "state.yaml"):
         if Path(candidate).is_file():
             return candidate
@@ -288,7 +287,7 @@ def version_command(as_json: bool) -> None:
     from .reconcilers.journal import default_journal_path
 
     click.echo(json.dumps({"reconcile_version": __version__, "format_version": FORMAT_VERSION,
-                           "hostname": socket.gethostname(), "journal": str(default_journal_path())}))
+                           "hostname": os.uname().nodename, "journal": str(default_journal_path())}))
 
 
 @main.command()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -157,7 +156,7 @@ class Host:
             return fh.read()
 
     def hostname(self) -> str:
-        return socket.gethostname()
+        return os.uname().nodename  # gethostname(2) without importing socket (~6 ms)
 
     def signal(self, pid: int, sig: int) -> None:
         # The last line of defence for "never PID 1, never ourselves", whatever a plan says.

@@ -11,8 +11,6 @@ A file that validated once is cached by the hash of its bytes and of the schema:
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import json
 import os
 import re
@@ -22,6 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from . import ID_PREFIXES, REGISTRY, reconciler_for
+
+try:  # the builtin SHA-256: `import hashlib` loads OpenSSL, ~10 ms of every start-up
+    from _sha256 import sha256
+except ImportError:  # Python >= 3.12 renamed it
+    try:
+        from _sha2 import sha256
+    except ImportError:
+        from hashlib import sha256
 from .base import Resource
 
 SUPPORTED_VERSIONS = (1,)
@@ -135,7 +141,7 @@ def bundled_schema() -> dict[str, Any]:
 
 
 def _schema_fingerprint() -> str:
-    h = hashlib.sha256()
+    h = sha256()
     for path in sorted(SCHEMA_DIR.rglob("*.schema.json")):
         h.update(path.name.encode())
         h.update(path.read_bytes())
@@ -284,6 +290,8 @@ def _message_for(error: Any, doc_pos: _Positions) -> tuple[Position, str]:
         allowed = sorted(error.schema.get("properties", {}))
         extras = [k for k in error.instance if k not in allowed]
         key = extras[0] if extras else "?"
+        import difflib  # only when there is an error to explain
+
         close = difflib.get_close_matches(key, allowed, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else (f" (expected one of: {', '.join(allowed)})"
                                                               if allowed else "")
@@ -393,6 +401,8 @@ def _check_needs(resources: list[Resource], label: str, pos: _Positions, paths: 
     for r in resources:
         for i, need in enumerate(r.needs):
             if need not in ids:
+                import difflib
+
                 close = difflib.get_close_matches(need, ids, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 line, col = pos.of_value((*paths[r.id], "needs", i))
@@ -492,7 +502,7 @@ def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache:
         col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
         raise StateFileError([f"{label}:{line}:{col}: not UTF-8 text"]) from None
 
-    digest = hashlib.sha256(_schema_fingerprint().encode() + b"\0" + raw).hexdigest()
+    digest = sha256(_schema_fingerprint().encode() + b"\0" + raw).hexdigest()
     doc = _cache_read(digest) if use_cache else None
     if doc is None:
         doc = validate_text(text, label)
