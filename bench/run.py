@@ -55,18 +55,36 @@ TARGET_MILLION_S, TARGET_500_UNITS_S = 1.0, 0.3
 # Inside the namespace: the timing harness (run.py --inner JOBFILE)
 # ---------------------------------------------------------------------------
 
+GNU_TIME = "/usr/bin/time"
+
+
 def _run_once(job: dict, out_path: str) -> tuple[float, int, int]:
-    """Run a job's command once; return (wall seconds, peak RSS KiB, exit code)."""
+    """Run a job's command once; return (wall seconds, peak RSS KiB, exit code).
+
+    Peak RSS comes from GNU time when installed: a child spawned straight from this harness
+    inherits the harness's own peak RSS (vfork shares its memory until exec), which would
+    put a floor of ~20 MiB under every tool. Without GNU time, wait4's figure is kept:
+    exact for tools bigger than the harness, an upper bound for the small ones."""
+    argv = job["argv"]
+    rss_file = out_path + ".rss"
+    use_time = os.access(GNU_TIME, os.X_OK)
+    if use_time:
+        argv = [GNU_TIME, "-o", rss_file, "-f", "%M", *argv]
     with open(out_path, "wb") as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(job["argv"], env=job["env"], cwd=job.get("cwd") or "/",
+        proc = subprocess.Popen(argv, env=job["env"], cwd=job.get("cwd") or "/",
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         # wait4: this child's own rusage; ru_maxrss covers its waited-for descendants too
-        # (Ansible's forked workers), unlike a RUSAGE_CHILDREN delta across several runs.
+        # (Ansible's forked workers).
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return wall, usage.ru_maxrss, proc.returncode
+    rss = usage.ru_maxrss
+    if use_time:
+        try:
+            rss = int(Path(rss_file).read_text().split()[-1])
+        except (OSError, ValueError, IndexError):
+            pass
+    return wall, rss, os.waitstatus_to_exitcode(status)
 
 
 def _reset(job: dict) -> None:
@@ -360,7 +378,7 @@ class Bench:
                 lines += [f"  {u}:", "    active: false", "    enabled: false"]
         if "gpus" in kinds:
             lines += ["gpus:", f"  count: {GPU_COUNT}", "  max_memory_used: 0MiB", "  free_with:",
-                      "    stop_units: true", f"  needs: [unit:{VLLM}]"]
+                      "    stop_units: true"] + ([f"  needs: [unit:{VLLM}]"] if "units" in kinds else [])
         if "mounts" in kinds:
             lines += ["mounts:", f"  {self.data}:", "    fstype: tmpfs", f"    min_free: {MIN_FREE}"]
         if "extractions" in kinds:
@@ -614,6 +632,17 @@ class Bench:
         self.results["seed"] = self.run_jobs(jobs)
         self.results["seed"]["reconcile diff (cold caches)"]["note"] = "validation cache and integrity record cleared"
 
+    def breakdown(self) -> None:
+        """Where reconcile diff's time goes: the interpreter, the CLI alone, each kind alone."""
+        jobs = [self.job("python -c pass", [sys.executable, "-c", "pass"], rcs=[0]),
+                self.job("reconcile --version", [*self.rec, "--version"], rcs=[0])]
+        for kind in sorted(self.kinds):
+            path = self.work / f"only-{kind}.yaml"
+            path.write_text(self.state_yaml(kinds={kind}))
+            jobs.append(self.job(f"reconcile diff, {kind} only", [*self.rec, "diff", str(path)], rcs=[0, 2]))
+        jobs.append(self.job("reconcile diff, all kinds", [*self.rec, "diff", str(self.state)], rcs=[2]))
+        self.results["breakdown"] = self.run_jobs(jobs)
+
     def growth_units(self) -> None:
         """reconcile diff with 1..500 declared units, none drifted. Two sets: disabled units, which
         systemd has not loaded (so every `systemctl show` makes it load each unit file), and
@@ -676,7 +705,10 @@ class Bench:
                                  rcs=[0]))
             jobs.append(self.job(f"find | wc -l, {n} files", ["/bin/sh", "-c", f"find {d} -name 'data_*' | wc -l"],
                                  reps=reps, rcs=[0], expect=[rf"^{n}$"]))
-        self.results["files"] = self.run_jobs(jobs)
+        # The scans run in a harness of their own: a harness that held 1,000,000 names in
+        # memory would lend its peak RSS to the commands it starts (see _run_once).
+        self.results["files"] = self.run_jobs([j for j in jobs if j.get("type") == "scan"])
+        self.results["files"].update(self.run_jobs([j for j in jobs if j.get("type") != "scan"]))
 
     def apply_seed(self) -> None:
         """`reconcile apply` on the seed scenario; the scenario is reset before each run."""
@@ -700,9 +732,12 @@ class Bench:
                                env=self.env, timeout=120)
             runs.append(parse_importtime(res.stderr))
         names = set().union(*runs)
-        agg = {n: (median([r.get(n, (0, 0, 0))[0] for r in runs]), median([r.get(n, (0, 0, 0))[1] for r in runs]),
-                   runs[0].get(n, (0, 0, 99))[2]) for n in names}
-        self.results["importtime"] = {n: {"self_us": s, "cumulative_us": c, "depth": d} for n, (s, c, d) in agg.items()}
+        first = runs[0]
+        self.results["importtime"] = {
+            n: {"self_us": median([r.get(n, (0, 0, 0, 0))[0] for r in runs]),
+                "cumulative_us": median([r.get(n, (0, 0, 0, 0))[1] for r in runs]),
+                "depth": first.get(n, (0, 0, 99, 0))[2], "order": first.get(n, (0, 0, 0, 10**6))[3]}
+            for n in names}
 
     # -- report ----------------------------------------------------------------
 
@@ -747,6 +782,11 @@ class Bench:
                       f"started): median {median(r['walls']):.3f} s, peak RSS {median(r['rss_kib']) / 1024:.0f} MiB, "
                       f"exit {sorted(set(r['rcs']))}; afterwards the unit is {r['after']['is-active']}, "
                       f"{r['after']['is-enabled']}."]
+        if "breakdown" in self.results:
+            lines += ["", "## Where `reconcile diff` spends its time (each kind alone)", "",
+                      "| command | median wall s | peak RSS MiB |", "| --- | ---: | ---: |"]
+            for name, r in self.results["breakdown"].items():
+                lines.append(f"| {name} | {median(r['walls']):.3f} | {median(r['rss_kib']) / 1024:.0f} |")
         if "units" in self.results:
             lines += ["", "## Declared units (one batched `systemctl show`)", "",
                       "| command | median wall s | peak RSS MiB |", "| --- | ---: | ---: |"]
@@ -755,8 +795,8 @@ class Bench:
         if "files" in self.results:
             lines += ["", "## Files in the extraction (verify: recent)", "",
                       "| files | scan names (in-process) s | observe, warm (in-process) s | observe, cold "
-                      "(in-process) s | `reconcile diff` (whole command) s | `find \\| wc -l` s |",
-                      "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+                      "(in-process) s | `reconcile diff` (whole command) s | its peak RSS MiB | `find \\| wc -l` s |",
+                      "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
             for name, r in self.results["files"].items():
                 if not name.startswith("scan "):
                     continue
@@ -765,7 +805,7 @@ class Bench:
                 fnd = self.results["files"][f"find | wc -l, {n} files"]
                 lines.append(f"| {n:,} | {median(r['scan_names']):.3f} | {median(r['observe_warm']):.3f} | "
                              f"{median(r['observe_cold']):.3f} | {median(cmd['walls']):.3f} | "
-                             f"{median(fnd['walls']):.3f} |")
+                             f"{median(cmd['rss_kib']) / 1024:.0f} | {median(fnd['walls']):.3f} |")
         lines += ["", "## Targets", ""]
         for ok, text in self.targets():
             lines.append(f"- {'PASS' if ok else 'FAIL'}: {text}")
@@ -776,10 +816,15 @@ class Bench:
             lines += [f"- {n}: {p}" for _s, n, p in problems]
         if "importtime" in self.results:
             imp = self.results["importtime"]
-            top = sorted(((v["cumulative_us"], n) for n, v in imp.items() if v["depth"] == 0), reverse=True)[:12]
-            lines += ["", "## reconcile start-up: top-level imports (`python -X importtime`, cumulative, median of 5)",
-                      "", "| module | ms |", "| --- | ---: |"]
-            lines += [f"| {n} | {us / 1000:.1f} |" for us, n in top]
+            rows = [(n, v) for n, v in imp.items() if v["depth"] <= 2 and v["cumulative_us"] >= 2000]
+            rows.sort(key=lambda nv: nv[1]["order"])
+            total = sum(v["cumulative_us"] for v in imp.values() if v["depth"] == 0)
+            lines += ["", f"## reconcile start-up: imports (`python -X importtime -m reconcile diff`, median of 5; "
+                      f"all imports {total / 1000:.0f} ms; rows ≥ 2 ms, three levels)", "",
+                      "| module | cumulative ms | self ms |", "| --- | ---: | ---: |"]
+            for n, v in rows:
+                indent = "&nbsp;&nbsp;" * v["depth"]
+                lines.append(f"| {indent}{n} | {v['cumulative_us'] / 1000:.1f} | {v['self_us'] / 1000:.1f} |")
         return "\n".join(lines) + "\n"
 
     def targets(self) -> list[tuple[bool, str]]:
@@ -819,13 +864,21 @@ class Bench:
         return out
 
 
-def parse_importtime(stderr: str) -> dict[str, tuple[int, int, int]]:
-    """name -> (self µs, cumulative µs, depth) from `-X importtime` output."""
-    out = {}
+def parse_importtime(stderr: str) -> dict[str, tuple[int, int, int, int]]:
+    """name -> (self µs, cumulative µs, depth, tree order) from `-X importtime` output (which
+    lists children before their parent: the order is reversed within each level)."""
+    rows = []
     for line in stderr.splitlines():
         m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
         if m:
-            out[m.group(4)] = (int(m.group(1)), int(m.group(2)), len(m.group(3)) // 2)
+            rows.append((m.group(4), int(m.group(1)), int(m.group(2)), (len(m.group(3)) - 1) // 2))
+    # Reversed, the post-order lists each parent before its children: the display order.
+    pos: dict[str, int] = {}
+    for i, (name, *_rest) in enumerate(reversed(rows)):
+        pos.setdefault(name, i)
+    out = {}
+    for name, self_us, cum, depth in rows:
+        out[name] = (self_us, cum, depth, pos[name])
     return out
 
 
@@ -850,7 +903,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 runs, files only up to 37,312")
     ap.add_argument("--no-peers", action="store_true", help="skip Ansible, pyinfra and testinfra")
     ap.add_argument("--no-gpus", action="store_true", help="leave the fake GPUs out")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: units,files,apply,importtime")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: breakdown,units,files,apply,importtime")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, state files, playbooks)")
     ap.add_argument("--inner", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -877,6 +930,8 @@ def main() -> None:
     try:
         b.start()
         b.seed_audit()
+        if "breakdown" not in skip:
+            b.breakdown()
         if "apply" not in skip:
             b.apply_seed()
         if "units" not in skip:
