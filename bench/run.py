@@ -774,7 +774,8 @@ class Bench:
         ]
         for name, r in seed.items():
             t = median(r["walls"])
-            lines.append(f"| {name} | {t:.3f} | {median(r['rss_kib']) / 1024:.0f} | {t / base:.1f}× | "
+            cell = name.replace("|", "\\|")  # a pipe in a cell would end it
+            lines.append(f"| {cell} | {t:.3f} | {median(r['rss_kib']) / 1024:.0f} | {t / base:.1f}× | "
                          f"{','.join(map(str, sorted(set(r['rcs']))))} |")
         if "apply" in self.results:
             r = self.results["apply"]["reconcile apply"]
