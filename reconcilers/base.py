@@ -140,6 +140,9 @@ class Reconciler:
     # Drift fields (fnmatch patterns) whose observed value moves by itself (memory in use, free
     # space, a progress counter): a saved plan's fingerprint keeps their field and want, not the have.
     volatile_drift: ClassVar[tuple[str, ...]] = ()
+    # True when observe() forks (Host.fork_call): the engine then observes this kind before
+    # starting the threads that observe the others.
+    forks_to_observe: ClassVar[bool] = False
 
     def resources(self, section: Any) -> list[Resource]:
         raise NotImplementedError

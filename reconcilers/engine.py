@@ -132,25 +132,43 @@ class Engine:
     # --- observe ---------------------------------------------------------------------
 
     def observe(self, resources: Sequence[Resource]) -> dict[str, Any]:
-        """Observed state (or an ObserveError) by id, one batched call per kind."""
+        """Observed state (or an ObserveError) by id, one batched call per kind.
+
+        Kinds are observed at the same time, each in a thread: most of the time goes to waiting
+        (systemctl, NVML, a probe child) while another kind scans names. Kinds that fork
+        (`forks_to_observe`) go first, alone, before any thread exists: forking a threaded
+        process can leave the child stuck on a lock another thread held."""
         by_kind: dict[str, list[Resource]] = {}
         for r in resources:
             by_kind.setdefault(r.kind, []).append(r)
-        observed: dict[str, Any] = {}
-        for group in by_kind.values():
-            rec = self.reconciler(group[0])
-            try:
-                found = rec.observe(self.host, group)
-            except ObserveError as exc:
-                found = {r.id: exc for r in group}
-            except Exception as exc:  # a bug in a reconciler must not hide the other resources
-                if os.environ.get("RECONCILE_DEBUG"):
-                    raise
-                found = {r.id: ObserveError(f"internal error while observing: {type(exc).__name__}: {exc}")
-                         for r in group}
-            for r in group:
-                observed[r.id] = found.get(r.id, ObserveError("not observed"))
-        return observed
+        groups = list(by_kind.values())
+        forking = [g for g in groups if self.reconciler(g[0]).forks_to_observe]
+        threaded = [g for g in groups if not self.reconciler(g[0]).forks_to_observe]
+        found: dict[str, Any] = {}
+        for group in forking:
+            found.update(self._observe_kind(group))
+        if len(threaded) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=len(threaded)) as pool:
+                for result in pool.map(self._observe_kind, threaded):
+                    found.update(result)
+        elif threaded:
+            found.update(self._observe_kind(threaded[0]))
+        return {r.id: found[r.id] for r in resources}
+
+    def _observe_kind(self, group: list[Resource]) -> dict[str, Any]:
+        rec = self.reconciler(group[0])
+        try:
+            found = rec.observe(self.host, group)
+        except ObserveError as exc:
+            found = {r.id: exc for r in group}
+        except Exception as exc:  # a bug in a reconciler must not hide the other resources
+            if os.environ.get("RECONCILE_DEBUG"):
+                raise
+            found = {r.id: ObserveError(f"internal error while observing: {type(exc).__name__}: {exc}")
+                     for r in group}
+        return {r.id: found.get(r.id, ObserveError("not observed")) for r in group}
 
     def _assess(self, r: Resource, obs: Any) -> tuple[list[Drift], Plan]:
         rec = self.reconciler(r)

@@ -277,6 +277,7 @@ class MountsReconciler(Reconciler):
     kind = "mount"
     rank = 30
     volatile_drift = ("min_free", "min_free_inodes")  # free space moves by itself
+    forks_to_observe = True  # statvfs and the write probe run in forked children
 
     def resources(self, section: dict[str, Any]) -> list[Resource]:
         out = []

@@ -182,3 +182,46 @@ def test_order_by_needs_then_rank_then_declaration():
     ext = Resource(id="extraction:e", kind="extraction", name="e", spec={})
     assert [r.id for r in order_resources([ext, mount, gpus, unit])] == [
         "unit:x.service", "gpus", "mount:/data", "extraction:e"]
+
+
+class WaitingToyReconciler(ToyReconciler):
+    """A second kind whose observe meets the first kind's at a barrier: it only gets past it
+    when both kinds are observed at the same time."""
+
+    key, kind = "waits", "wait"
+
+    def observe(self, host, resources):
+        WORLD["barrier"].wait()
+        return {r.id: ToyObserved(WORLD.get(r.name, 0)) for r in resources}
+
+
+class ForkingToyReconciler(ToyReconciler):
+    key, kind = "forks", "fork"
+    forks_to_observe = True
+
+    def observe(self, host, resources):
+        import threading
+
+        WORLD["threads_while_forking"] = threading.active_count()
+        return super().observe(host, resources)
+
+
+class BarrierToyReconciler(ToyReconciler):
+    def observe(self, host, resources):
+        WORLD["barrier"].wait()
+        return super().observe(host, resources)
+
+
+def test_kinds_observed_concurrently_forking_kinds_first(monkeypatch):
+    import threading
+
+    monkeypatch.setitem(REGISTRY, "toys", "test_engine:BarrierToyReconciler")
+    for key, kind, cls in (("waits", "wait", "WaitingToyReconciler"), ("forks", "fork", "ForkingToyReconciler")):
+        monkeypatch.setitem(REGISTRY, key, f"test_engine:{cls}")
+        monkeypatch.setitem(ID_PREFIXES, kind, key)
+    WORLD["barrier"] = threading.Barrier(2, timeout=10)
+    waiting = Resource(id="wait:w", kind="wait", name="w", spec={"want": 0})
+    forking = Resource(id="fork:f", kind="fork", name="f", spec={"want": 0})
+    report = Engine(state(toy("a", want=0), waiting, forking), Host()).diff()
+    assert statuses(report) == {"toy:a": "ok", "wait:w": "ok", "fork:f": "ok"}  # no BrokenBarrierError
+    assert WORLD["threads_while_forking"] == threading.active_count() == 1
