@@ -684,22 +684,27 @@ class GpusReconciler(Reconciler):
             info = _proc_info(pid)
             return info is not None and (params.get("starttime") is None or info["starttime"] == params["starttime"])
 
+        def gone_within(seconds: float) -> float | None:
+            """Seconds it took the process to go, or None if it is still there after `seconds`."""
+            t0 = time.monotonic()
+            while True:
+                if not host.pid_alive(pid) or not same_process():
+                    return time.monotonic() - t0
+                if time.monotonic() - t0 >= seconds:
+                    return None
+                host.sleep(0.05)
+
         if not same_process():
             return f"{pid} had already exited"
         host.signal(pid, signal.SIGTERM)
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < grace:
-            if not host.pid_alive(pid) or not same_process():
-                return f"exited {time.monotonic() - t0:.1f}s after SIGTERM"
-            host.sleep(0.05)
-        if not same_process():
-            return f"exited {time.monotonic() - t0:.1f}s after SIGTERM"
+        took = gone_within(grace)
+        if took is not None:
+            return f"exited {took:.1f}s after SIGTERM"
+        if not same_process():  # the PID was reused in between: never SIGKILL a stranger
+            return f"exited {grace:g}s after SIGTERM"
         host.signal(pid, signal.SIGKILL)
-        t1 = time.monotonic()
-        while time.monotonic() - t1 < KILL_WAIT:
-            if not host.pid_alive(pid) or not same_process():
-                return f"still running {grace:g}s after SIGTERM; killed with SIGKILL"
-            host.sleep(0.05)
+        if gone_within(KILL_WAIT) is not None:
+            return f"still running {grace:g}s after SIGTERM; killed with SIGKILL"
         raise ApplyError(f"{pid} survived SIGKILL for {KILL_WAIT:g}s (uninterruptible sleep?)")
 
     def summary(self, resource: Resource, observed: GpusObserved) -> str:
