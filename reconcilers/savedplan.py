@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import FORMAT_VERSION, __version__
+from .report import format_value
 
 PLAN_FORMAT = "1"
 _SNIFF_BYTES = 4096
@@ -151,18 +152,13 @@ def load_plan(path: str | os.PathLike) -> dict[str, Any]:
 
 # --- comparing -------------------------------------------------------------------------
 
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return "null" if v is None else str(v)
-
-
 def _describe(res: Mapping[str, Any] | None) -> str:
     if res is None:
         return "not declared"
     parts = [res["status"]]
     if res.get("drift"):
-        parts.append(", ".join(f"{d['field']}: {_value(d['have'])} -> {_value(d['want'])}" for d in res["drift"]))
+        parts.append(", ".join(f"{d['field']}: {format_value(d['have'])} -> {format_value(d['want'])}"
+                               for d in res["drift"]))
     acts = [f"{a['action']} {a['target']}" for a in res.get("actions", [])]
     parts.append("actions: " + (", ".join(acts) if acts else "none"))
     if res["status"] == "error" and res.get("message"):
@@ -180,7 +176,39 @@ def changes(plan: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
         if plan["fingerprints"].get(rid) == now_fp.get(rid):
             continue
         lines.append(f"{rid}: planned {_describe(saved.get(rid))}; now {_describe(current.get(rid))}")
+        before, after = (saved.get(rid) or {}).get("observed"), (current.get(rid) or {}).get("observed")
+        if before is not None and after is not None:
+            seen = observed_changes(before, after)
+            if seen:
+                lines.append(f"  observed since the plan: {seen}")
     return lines
+
+
+def observed_changes(before: Any, after: Any, limit: int = 8) -> str:
+    """What changed in a resource's observation between the plan and now, field by field,
+    e.g. "active_state: active -> inactive". deepdiff is imported only here, when a plan is
+    refused (it costs ~80 ms to import)."""
+    from deepdiff import DeepDiff
+
+    diff = DeepDiff(before, after, verbose_level=2)
+    parts = []
+    for kind in ("values_changed", "type_changes"):
+        for path, change in diff.get(kind, {}).items():
+            parts.append(f"{_field(path)}: {format_value(change['old_value'])} -> {format_value(change['new_value'])}")
+    for kind, verb in (("dictionary_item_added", "added"), ("dictionary_item_removed", "removed"),
+                       ("iterable_item_added", "added"), ("iterable_item_removed", "removed")):
+        for path in diff.get(kind, {}):
+            parts.append(f"{_field(path)} {verb}")
+    more = len(parts) - limit
+    return ", ".join(parts[:limit]) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _field(path: str) -> str:
+    """DeepDiff's "root['gpus'][3]['memory_used']" -> "gpus[3].memory_used"."""
+    import re
+
+    out = re.sub(r"\['([^']*)'\]", r".\1", path.removeprefix("root")).lstrip(".")
+    return out or "(the whole observation)"
 
 
 def allowed_actions(plan: Mapping[str, Any]) -> dict[str, set[tuple[str, str]]]:

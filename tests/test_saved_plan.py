@@ -120,6 +120,9 @@ def test_stale_plan_is_refused_and_says_what_changed(nsystemd, cli):  # noqa: F8
             f"actions: disable {UNIT}") in err
     assert ("unit:t-plan-other.service: planned ok; actions: none; now drift; active: true -> false; "
             "actions: stop t-plan-other.service") in err
+    # and what changed on the host, field by field (deepdiff of the observations)
+    assert "observed since the plan: active_state: active -> inactive, sub_state: running -> dead" in err
+    assert "observed since the plan: active_state: inactive -> active" in err
     # Nothing was acted on.
     assert cli.journal_lines() == []
     assert is_enabled(nsystemd, UNIT) == "enabled" and is_active(nsystemd, "t-plan-other.service") == "active"
