@@ -235,7 +235,7 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     1: an error (bad input, lock held, wrong host, a resource that cannot be observed).
     """
     from .reconcilers.engine import Engine, HostMismatch
-    from .reconcilers.journal import Journal, Lock, LockHeld, default_journal_path
+    from .reconcilers.journal import Journal, LockError
     from .reconcilers.report import render
 
     wait = parse_duration_option(lock_timeout, "--lock-timeout")
@@ -257,14 +257,12 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
         render(report, fmt, verbose=verbose)
         sys.exit(report.exit_code)
 
-    journal = Journal(Path(journal_path) if journal_path else default_journal_path())
-    lock = Lock(journal.path.parent / "lock")
+    journal = Journal.at(journal_path)
+    lock = journal.lock()
     try:
         lock.acquire(timeout=wait)
-    except LockHeld as exc:
+    except LockError as exc:
         fail(str(exc))
-    except OSError as exc:
-        fail(f"cannot take the lock {lock.path}: {exc.strerror}")
     try:
         report = Engine(state, journal=journal).apply()
     except HostMismatch as exc:
@@ -314,15 +312,15 @@ def watch(file: str | None, interval: str, journal_path: str | None, lock_timeou
     Re-reads the state file when it changes; backs off after errors (up to 10 minutes);
     on SIGTERM or SIGINT stops after the current step and exits 0.
     """
-    from .reconcilers.journal import Journal, default_journal_path
+    from .reconcilers.journal import Journal
     from .reconcilers.watch import Watcher
 
     every = parse_duration_option(interval, "--interval")
     if every <= 0:
         fail("--interval must be more than 0s")
     wait = parse_duration_option(lock_timeout, "--lock-timeout")
-    journal = Journal(Path(journal_path) if journal_path else default_journal_path())
-    watcher = Watcher(resolve_state_file(file), every, journal, journal.path.parent / "lock", lock_wait=wait,
+    journal = Journal.at(journal_path)
+    watcher = Watcher(resolve_state_file(file), every, journal, journal.lock_path, lock_wait=wait,
                       verbose=verbose)
     sys.exit(watcher.run())
 

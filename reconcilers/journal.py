@@ -26,6 +26,19 @@ class Journal:
     def __init__(self, path: Path):
         self.path = Path(path)
 
+    @classmethod
+    def at(cls, path: str | os.PathLike | None) -> Journal:
+        """The journal at PATH (`--journal`), else the default one."""
+        return cls(Path(path) if path else default_journal_path())
+
+    @property
+    def lock_path(self) -> Path:
+        """The apply lock sits beside the journal: one per journal directory."""
+        return self.path.parent / "lock"
+
+    def lock(self) -> Lock:
+        return Lock(self.lock_path)
+
     def __call__(self, entry: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = json.dumps(entry, sort_keys=False, default=str) + "\n"
@@ -45,8 +58,12 @@ class Journal:
             return []
 
 
-class LockHeld(Exception):
-    pass
+class LockError(Exception):
+    """The lock could not be taken; the message says why."""
+
+
+class LockHeld(LockError):
+    """Another process holds the lock."""
 
 
 class Lock:
@@ -61,8 +78,13 @@ class Lock:
         self.fd: int | None = None
 
     def acquire(self, timeout: float = 0.0, poll: float = 0.1) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Take the lock, waiting up to `timeout`. LockHeld when another process holds it,
+        LockError when the lock file cannot be used at all."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise LockError(f"cannot take the lock {self.path}: {exc.strerror}") from None
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -71,7 +93,7 @@ class Lock:
             except OSError as exc:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     os.close(fd)
-                    raise
+                    raise LockError(f"cannot take the lock {self.path}: {exc.strerror}") from None
                 if time.monotonic() >= deadline:
                     holder = self._holder(fd)
                     os.close(fd)

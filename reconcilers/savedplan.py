@@ -223,7 +223,7 @@ def apply_saved_plan(path: str, *, fmt: str = "text", verbose: bool = False, dry
     raises PlanError (exit 1) when the plan is refused."""
     from .engine import Engine, HostMismatch
     from .host import Host
-    from .journal import Journal, Lock, LockHeld, default_journal_path
+    from .journal import Journal, LockError
     from .report import render, to_json
     from .statefile import StateFileError, load
 
@@ -249,14 +249,12 @@ def apply_saved_plan(path: str, *, fmt: str = "text", verbose: bool = False, dry
 
     lock = None
     if not dry_run:
-        journal = Journal(Path(journal_path) if journal_path else default_journal_path())
-        lock = Lock(journal.path.parent / "lock")
+        journal = Journal.at(journal_path)
+        lock = journal.lock()
         try:
             lock.acquire(timeout=lock_wait)
-        except LockHeld as exc:
+        except LockError as exc:
             raise PlanError(str(exc)) from None
-        except OSError as exc:
-            raise PlanError(f"cannot take the lock {lock.path}: {exc.strerror}") from None
     try:
         # Observed under the lock: no other apply can change the host between this check and acting.
         engine = Engine(state, host=host, journal=None if dry_run else journal)

@@ -98,7 +98,7 @@ class Watcher:
         """One observe-apply-verify pass; returns how long to wait before the next."""
         from .base import Result, Status
         from .engine import Engine, HostMismatch
-        from .journal import Lock, LockHeld
+        from .journal import Lock, LockError, LockHeld
 
         self.passes += 1
         started = time.time()
@@ -114,8 +114,8 @@ class Watcher:
                 # Someone is applying by hand: not a failure, the next pass looks again.
                 self.log(f"pass {self.passes}: skipped: {exc}")
                 return self.interval
-            except OSError as exc:
-                return self._failed(f"cannot take the lock {lock.path}: {exc.strerror}")
+            except LockError as exc:
+                return self._failed(str(exc))
         done: list[Any] = []
 
         def after_resource(report: Any) -> None:
