@@ -222,14 +222,13 @@ class Engine:
         if not host_matches(self.state.host, hostname):
             raise HostMismatch(f"this host is {hostname!r}, but {self.state.path} is for "
                                f"{self.state.host!r}: refusing to apply")
-        observed = self.observe(self.state.resources)
-        observed_at = {r.id: 0 for r in self.state.resources}
-        generation = 0  # bumps each time anything on the host was changed
+        observed = self.observe(self.state.resources)  # all at once, before anything is changed
+        host_changed = False
         final: dict[str, ResourceReport] = {}
 
         for r in self.state.resources:
             try:
-                if observed_at[r.id] != generation:
+                if host_changed:
                     # Something acted since this was observed (a unit stop frees GPUs): look again,
                     # giving the host the resource's settle time to catch up with that change.
                     observed[r.id] = self._verify(r)
@@ -238,8 +237,7 @@ class Engine:
                 if os.environ.get("RECONCILE_DEBUG"):
                     raise
                 report, changed = ResourceReport(r, Status.ERROR, message=f"internal error: {exc!r}"), False
-            if changed:
-                generation += 1
+            host_changed = host_changed or changed
             final[r.id] = report
             if on_result:
                 on_result(report)
