@@ -219,6 +219,22 @@ AllowIsolate=yes
 SYSTEMCTL_ENV = {"SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0", "LC_ALL": "C"}
 
 
+def children_of(parent: int) -> list[tuple[int, str]]:
+    """(pid, comm) of every process whose parent is ``parent``, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # Field 4 is the PPID; the comm field (in parentheses) may contain spaces.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+            found.append((int(entry), stat[stat.index("(") + 1: stat.rindex(")")]))
+    return found
+
+
 class NamespacedSystemdError(RuntimeError):
     """Boot or teardown of the namespaced systemd failed."""
 
@@ -425,17 +441,7 @@ class NamespacedSystemd:
     @staticmethod
     def _child_of(parent: int) -> int | None:
         """Host PID of a child of ``parent``, or None."""
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            # Field 4 is the PPID; the comm field may contain spaces.
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                return int(entry)
-        return None
+        return next((pid for pid, _comm in children_of(parent)), None)
 
     def _find_child(self, parent: int, deadline: float) -> int:
         """Wait for the process `unshare --fork` creates (our PID 1)."""

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from nsystemd import children_of
 
 SSHD = "/usr/sbin/sshd"
 
@@ -112,18 +113,10 @@ class Sshd:
             return []
         found, frontier = [], [self.proc.pid]
         while frontier:
-            parent = frontier.pop()
-            for entry in os.listdir("/proc"):
-                if not entry.isdigit():
-                    continue
-                try:
-                    stat = Path(f"/proc/{entry}/stat").read_text()
-                except OSError:
-                    continue
-                comm = stat[stat.index("(") + 1: stat.rindex(")")]
-                if int(stat.rsplit(")", 1)[1].split()[1]) == parent and comm == "sshd":
-                    found.append(int(entry))
-                    frontier.append(int(entry))
+            for pid, comm in children_of(frontier.pop()):
+                if comm == "sshd":
+                    found.append(pid)
+                    frontier.append(pid)
         return found
 
     def drop_connections(self) -> int:
