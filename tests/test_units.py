@@ -3,6 +3,7 @@ checked with systemctl itself, never through reconcile's own code."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -129,25 +130,27 @@ units:
     assert is_active(nsystemd, "t-after.service") == "inactive"
 
 
+@contextlib.contextmanager
 def runtime_unit(nsd, name, text):
-    """A unit file in /run/systemd/system (the namespace's tmpfs /run): unlike one in /etc, it can be masked."""
+    """A unit file in /run/systemd/system (the namespace's tmpfs /run): unlike one in /etc, it can be
+    masked. Stopped, unmasked, disabled and removed again afterwards."""
     path = nsd.root / "run/systemd/system" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     nsd.systemctl("daemon-reload", check=True)
-    return path
+    try:
+        yield path
+    finally:
+        for verb in ("stop", "unmask", "disable"):
+            nsd.systemctl(verb, name)
+        path.unlink()
+        nsd.systemctl("daemon-reload")
 
 
 def test_masked_units(nsystemd, cli):
-    path = runtime_unit(nsystemd, "t-mask.service", service("mask"))
-    nsystemd.systemctl("start", "t-mask.service", check=True)
-    try:
+    with runtime_unit(nsystemd, "t-mask.service", service("mask")):
+        nsystemd.systemctl("start", "t-mask.service", check=True)
         _masked_units(nsystemd, cli)
-    finally:
-        nsystemd.systemctl("stop", "t-mask.service")
-        nsystemd.systemctl("unmask", "t-mask.service")
-        path.unlink()
-        nsystemd.systemctl("daemon-reload")
 
 
 def test_mask_refused_for_unit_file_in_etc_is_blocked_but_stopped(nsystemd, cli):
@@ -183,8 +186,7 @@ def _masked_units(nsystemd, cli):
 
 def test_unmask_then_disable_in_one_apply(nsystemd, cli):
     # Masked while its WantedBy link exists: unmasking reveals "enabled", a second pass disables.
-    path = runtime_unit(nsystemd, "t-um.service", service("um"))
-    try:
+    with runtime_unit(nsystemd, "t-um.service", service("um")):
         nsystemd.systemctl("enable", "t-um.service", check=True)
         nsystemd.systemctl("mask", "t-um.service", check=True)
         assert is_enabled(nsystemd, "t-um.service") == "masked"
@@ -193,11 +195,6 @@ def test_unmask_then_disable_in_one_apply(nsystemd, cli):
         assert code == 0, report
         assert [a["action"] for a in report["resources"][0]["actions"]] == ["unmask", "disable"]
         assert is_enabled(nsystemd, "t-um.service") == "disabled"
-    finally:
-        nsystemd.systemctl("unmask", "t-um.service")
-        nsystemd.systemctl("disable", "t-um.service")
-        path.unlink()
-        nsystemd.systemctl("daemon-reload")
 
 
 def test_not_found_units(nsystemd, cli):
