@@ -141,8 +141,13 @@ def bundled_schema() -> dict[str, Any]:
 
 
 def _schema_fingerprint() -> str:
-    h = sha256()
-    for path in sorted(SCHEMA_DIR.rglob("*.schema.json")):
+    """What a cached verdict depends on: the files bundled_schema() reads (not the report or
+    inventory schemas, nor the generated bundle), the registered kinds and reconcile's version
+    (the checks done in code, such as `needs`, change with it)."""
+    from .. import __version__
+
+    h = sha256(__version__.encode())
+    for path in [SCHEMA_DIR / "state.schema.json", *(SCHEMA_DIR / "kinds" / f"{k}.schema.json" for k in REGISTRY)]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     h.update(",".join(sorted(REGISTRY)).encode())
