@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -100,6 +101,15 @@ class ObserveError(Exception):
 
 class ApplyError(Exception):
     """An action could not be carried out."""
+
+
+def utc_iso(t: float | None = None, millis: bool = False) -> str:
+    """An epoch time (default: now) as ISO 8601 UTC, `2026-11-29T16:40:01Z` or, with millis,
+    `2026-11-29T16:40:01.120Z`: the one timestamp format of journals, plans and manifests."""
+    if t is None:
+        t = time.time()
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+    return text + (f".{int((t % 1) * 1000):03d}Z" if millis else "Z")
 
 
 def to_plain(value: Any) -> Any:

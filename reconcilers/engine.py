@@ -29,6 +29,7 @@ from .base import (
     Result,
     Status,
     to_plain,
+    utc_iso,
 )
 from .host import Host
 from .statefile import LoadedState
@@ -326,8 +327,8 @@ class Engine:
             return
         for res in results:
             self.journal({
-                "time": _iso(res.finished or self.clock()),
-                "started": _iso(res.started) if res.started else None,
+                "time": utc_iso(res.finished or self.clock(), millis=True),
+                "started": utc_iso(res.started, millis=True) if res.started else None,
                 "resource": r.id,
                 "action": res.action.action,
                 "target": res.action.target,
@@ -338,9 +339,6 @@ class Engine:
                 "after": after,
             })
 
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z"
 
 
 @dataclass

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
+from .atomic import write_json
+from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource, utc_iso
 from .host import CommandTimeout, Host
 
 QUARANTINE = ".reconcile-quarantine"
@@ -175,13 +176,6 @@ def _load_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _save_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 # --- observations ------------------------------------------------------------------------
@@ -405,7 +399,7 @@ class ExtractionsReconciler(Reconciler):
             "checked_at": now,
         }
         try:
-            _save_json(state_path, new_state)
+            write_json(state_path, new_state)
         except OSError:
             pass  # best effort: without it the next `recent` check is a full one
         return ExtractionObserved(
@@ -570,8 +564,8 @@ def quarantine(resource: Resource, files: Iterable[dict[str, Any]]) -> str:
                           "reason": reason, "size": st.st_size, "mtime": st.st_mtime})
     finally:
         if moved:
-            _save_json(Path(qdir) / "manifest.json", {
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            write_json(Path(qdir) / "manifest.json", {
+                "created": utc_iso(),
                 "extraction": resource.name, "dir": root,
                 "why": "damaged sample files moved aside so that the job regenerates them",
                 "files": moved,
@@ -613,9 +607,9 @@ def start_command(host: Host, resource: Resource) -> str:
         pid = host.spawn_detached(argv, str(log), cwd=resume.get("cwd"))
     except OSError as exc:
         raise ApplyError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
-    _save_json(d / f"{resource.name}.pid", {
+    write_json(d / f"{resource.name}.pid", {
         "pid": pid, "starttime": _proc_starttime(host, pid), "argv": argv, "log": str(log),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "started": utc_iso(),
     })
     return f"started pid {pid}: {' '.join(argv)} (output in {log})"
 

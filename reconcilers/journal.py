@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .base import utc_iso
+
 
 def default_journal_path() -> Path:
     if os.geteuid() == 0:
@@ -101,7 +103,7 @@ class Lock:
                     raise LockHeld(f"another reconcile apply holds {self.path}{waited}: {holder}") from None
                 time.sleep(poll)
         os.ftruncate(fd, 0)
-        info = {"pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        info = {"pid": os.getpid(), "started": utc_iso()}
         os.pwrite(fd, json.dumps(info).encode() + b"\n", 0)
         self.fd = fd
 

@@ -31,12 +31,12 @@ import fnmatch
 import hashlib
 import json
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .. import FORMAT_VERSION, __version__
+from .base import utc_iso
 from .report import format_value
 
 PLAN_FORMAT = "1"
@@ -96,16 +96,13 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 # --- writing and reading -----------------------------------------------------------------
 
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
 
 def make_plan(doc: dict[str, Any], state_path: str, created: float | None = None) -> dict[str, Any]:
     return {
         "plan_format": PLAN_FORMAT,
         "format_version": FORMAT_VERSION,
         "reconcile_version": __version__,
-        "created": _iso(time.time() if created is None else created),
+        "created": utc_iso(created),
         "host": doc["host"],
         "state_file": {"path": str(Path(state_path).resolve()), "sha256": file_sha256(state_path)},
         "fingerprints": fingerprints(doc),
@@ -115,11 +112,10 @@ def make_plan(doc: dict[str, Any], state_path: str, created: float | None = None
 
 def write_plan(doc: dict[str, Any], state_path: str, out: str | os.PathLike) -> dict[str, Any]:
     """Write the plan atomically (a half-written plan must never be applied)."""
+    from .atomic import write_json
+
     plan = make_plan(doc, state_path)
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(plan, indent=2, default=str) + "\n")
-    os.replace(tmp, out)
+    write_json(out, plan, indent=2)
     return plan
 
 

@@ -362,12 +362,10 @@ def _cache_read(digest: str) -> dict | None:
 
 def _cache_write(digest: str, doc: dict) -> None:
     # Best effort: a read-only cache only costs speed.
+    from .atomic import write_json
+
     try:
-        d = _cache_dir() / "validated"
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".{digest}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, d / f"{digest}.json")
+        write_json(_cache_dir() / "validated" / f"{digest}.json", doc)
     except OSError:
         pass
 

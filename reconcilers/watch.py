@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from .base import utc_iso
+
 MAX_BACKOFF = 600.0
 
 
@@ -47,9 +49,6 @@ def backoff(interval: float, failures: int, cap: float = MAX_BACKOFF) -> float:
         return interval
     return max(interval, min(interval * 2.0 ** failures, cap))
 
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z"
 
 
 class Watcher:
@@ -182,7 +181,7 @@ class Watcher:
         if not self.journal:
             return
         self.journal({
-            "time": _iso(time.time()),
+            "time": utc_iso(millis=True),
             "event": "watch-pass",
             "pass": self.passes,
             "pid": os.getpid(),
