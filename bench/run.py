@@ -37,6 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEERS = HERE / ".peers"
+RECONCILE_VENV = HERE / ".reconcile"
 RESULTS = HERE / "results"
 VLLM = "vllm-kimi-k25-int4.service"
 PEER_PACKAGES = ("ansible-core", "pyinfra", "pytest-testinfra")
@@ -198,11 +199,26 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def reconcile_cmd() -> tuple[list[str], str]:
-    """The installed console script (what a user types), else `python -m reconcile`."""
-    script = Path(sys.executable).parent / "reconcile"
+def install_reconcile() -> None:
+    """This working tree installed as a user installs it (`pip install .`, no editable finder on
+    the import path) into a virtual environment of its own, bench/.reconcile, like the peers in
+    bench/.peers: neither pays for the packages or .pth files of the interpreter's site-packages."""
+    if not (RECONCILE_VENV / "bin" / "python").exists():
+        log(f"creating {RECONCILE_VENV}")
+        subprocess.run([sys.executable, "-m", "venv", str(RECONCILE_VENV)], check=True)
+        subprocess.run([str(RECONCILE_VENV / "bin" / "pip"), "install", "-q", str(ROOT)], check=True)
+    # Always the current tree: reinstalled without touching the dependencies.
+    subprocess.run([str(RECONCILE_VENV / "bin" / "pip"), "install", "-q", "--no-deps", "--force-reinstall",
+                    str(ROOT)], check=True, stdout=subprocess.DEVNULL)
+    shutil.rmtree(ROOT / "build", ignore_errors=True)
+
+
+def reconcile_cmd(use_venv: bool) -> tuple[list[str], str]:
+    """The console script a user types: bench/.reconcile's (see install_reconcile), or with
+    --installed the one next to this interpreter, else `python -m reconcile`."""
+    script = (RECONCILE_VENV / "bin" if use_venv else Path(sys.executable).parent) / "reconcile"
     if script.is_file():
-        return [str(script)], "reconcile"
+        return [str(script)], "reconcile (pip install . in bench/.reconcile)" if use_venv else "reconcile"
     return [sys.executable, "-m", "reconcile"], "python -m reconcile"
 
 
@@ -291,7 +307,11 @@ class Bench:
                          "HOME": str(self.work / "home"), "TMPDIR": str(self.work / "tmp")})
         (self.work / "home").mkdir()
         (self.work / "tmp").mkdir()
-        self.rec, self.rec_label = reconcile_cmd()
+        self.rec, self.rec_label = reconcile_cmd(not args.installed)
+        # The interpreter reconcile runs on (the venv's when the script is there), for the
+        # `python -c pass` and `-X importtime` rows.
+        venv_python = Path(self.rec[0]).parent / "python"
+        self.python = str(venv_python) if venv_python.exists() and self.rec[0] != sys.executable else sys.executable
         self.results: dict = {}
         self.meta: dict = {}
 
@@ -634,7 +654,7 @@ class Bench:
 
     def breakdown(self) -> None:
         """Where reconcile diff's time goes: the interpreter, the CLI alone, each kind alone."""
-        jobs = [self.job("python -c pass", [sys.executable, "-c", "pass"], rcs=[0]),
+        jobs = [self.job("python -c pass", [self.python, "-c", "pass"], rcs=[0]),
                 self.job("reconcile --version", [*self.rec, "--version"], rcs=[0])]
         for kind in sorted(self.kinds):
             path = self.work / f"only-{kind}.yaml"
@@ -728,7 +748,7 @@ class Bench:
         """Where reconcile diff's start-up goes: `python -X importtime`, median of 5, warm caches."""
         runs = []
         for _ in range(5):
-            res = self.nsd.run([sys.executable, "-X", "importtime", "-m", "reconcile", "diff", str(self.state)],
+            res = self.nsd.run([self.python, "-X", "importtime", "-m", "reconcile", "diff", str(self.state)],
                                env=self.env, timeout=120)
             runs.append(parse_importtime(res.stderr))
         names = set().union(*runs)
@@ -905,6 +925,9 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true", help="skip Ansible, pyinfra and testinfra")
     ap.add_argument("--no-gpus", action="store_true", help="leave the fake GPUs out")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: breakdown,units,files,apply,importtime")
+    ap.add_argument("--installed", action="store_true",
+                    help="time the `reconcile` installed next to this interpreter instead of a fresh "
+                         "`pip install .` of this tree in bench/.reconcile")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, state files, playbooks)")
     ap.add_argument("--inner", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -919,6 +942,8 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("bench: needs root (it boots systemd in a namespace, mounts tmpfs there): sudo python3 bench/run.py")
 
+    if not a.installed:
+        install_reconcile()
     b = Bench(a)
     b.meta["argv"] = sys.argv[1:]
     if not a.no_peers:

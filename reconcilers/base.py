@@ -154,6 +154,14 @@ class Reconciler:
     # starting the threads that observe the others.
     forks_to_observe: ClassVar[bool] = False
 
+    def observe_deadline(self, resources: Sequence[Resource]) -> float | None:
+        """Seconds observe() may take, run in a forked child; None: observe in this process.
+
+        A kind whose observation can block in the kernel for good (NVML on a wedged driver, a
+        listing on a hung filesystem) gives a deadline: the engine then observes it in a child
+        it can abandon and report, and the child runs beside the other kinds on another CPU."""
+        return None
+
     def resources(self, section: Any) -> list[Resource]:
         raise NotImplementedError
 

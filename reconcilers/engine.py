@@ -31,8 +31,8 @@ from .base import (
     to_plain,
     utc_iso,
 )
-from .host import Host
-from .statefile import LoadedState
+from .host import ForkedChild, Host, collect_children
+from .statefile import LoadedState, format_duration
 
 # A resource is worked on in passes (plan, act, observe) until nothing is left to do,
 # like a controller requeueing: some fixes only show their next step once the first is
@@ -135,28 +135,101 @@ class Engine:
     def observe(self, resources: Sequence[Resource]) -> dict[str, Any]:
         """Observed state (or an ObserveError) by id, one batched call per kind.
 
-        Kinds are observed at the same time, each in a thread: most of the time goes to waiting
-        (systemctl, NVML, a probe child) while another kind scans names. Kinds that fork
-        (`forks_to_observe`) go first, alone, before any thread exists: forking a threaded
-        process can leave the child stuck on a lock another thread held."""
+        Kinds are observed at the same time: kinds with an `observe_deadline` each in a forked
+        child (abandoned and reported when late; it also runs on another CPU), the others in
+        threads, since most of their time goes to waiting (systemctl, a probe child). Children,
+        and kinds that fork (`forks_to_observe`), go first, before any thread exists: forking
+        a threaded process can leave the child stuck on a lock another thread held."""
         by_kind: dict[str, list[Resource]] = {}
         for r in resources:
             by_kind.setdefault(r.kind, []).append(r)
-        groups = list(by_kind.values())
-        forking = [g for g in groups if self.reconciler(g[0]).forks_to_observe]
-        threaded = [g for g in groups if not self.reconciler(g[0]).forks_to_observe]
         found: dict[str, Any] = {}
+        children: dict[str, tuple[ForkedChild, float]] = {}
+        in_process: list[list[Resource]] = []
+        for group in by_kind.values():
+            seconds = self.reconciler(group[0]).observe_deadline(group)
+            if seconds is None:
+                in_process.append(group)
+                continue
+            try:
+                children[group[0].kind] = (self.host.fork_call(self._observe_to_pipe, group),
+                                           time.monotonic() + seconds)
+            except OSError as exc:
+                found.update({r.id: ObserveError(f"cannot start a child to observe {r.kind}: {exc.strerror}")
+                              for r in group})
+        forking = [g for g in in_process if self.reconciler(g[0]).forks_to_observe]
+        threaded = [g for g in in_process if not self.reconciler(g[0]).forks_to_observe]
         for group in forking:
             found.update(self._observe_kind(group))
-        if len(threaded) > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(max_workers=len(threaded)) as pool:
-                for result in pool.map(self._observe_kind, threaded):
-                    found.update(result)
-        elif threaded:
-            found.update(self._observe_kind(threaded[0]))
+        if threaded:
+            found.update(self._observe_threaded(threaded))
+        if children:
+            found.update(self._collect(by_kind, children))
         return {r.id: found[r.id] for r in resources}
+
+    def _observe_threaded(self, groups: list[list[Resource]]) -> dict[str, Any]:
+        """One thread per kind but the first, which this thread observes itself."""
+        import threading
+
+        results: list[dict[str, Any] | BaseException] = [{} for _ in groups]
+
+        def work(i: int) -> None:
+            try:
+                results[i] = self._observe_kind(groups[i])
+            except BaseException as exc:  # only with RECONCILE_DEBUG: raised again below
+                results[i] = exc
+
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(1, len(groups))]
+        for t in threads:
+            t.start()
+        work(0)
+        for t in threads:
+            t.join()
+        found: dict[str, Any] = {}
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            found.update(result)
+        return found
+
+    def _observe_to_pipe(self, group: list[Resource], out: Any) -> None:
+        """In the forked child: observe one kind and write the pickled result."""
+        import pickle
+
+        try:
+            payload = pickle.dumps(("observed", self._observe_kind(group)))
+        except BaseException:  # a bug let through by RECONCILE_DEBUG, or an observation pickle refuses
+            import traceback
+
+            payload = pickle.dumps(("bug", traceback.format_exc()))
+        out.write(payload)
+
+    def _collect(self, by_kind: Mapping[str, list[Resource]],
+                 children: Mapping[str, tuple[ForkedChild, float]]) -> dict[str, Any]:
+        import pickle
+
+        found: dict[str, Any] = {}
+        for kind, (said, finished) in collect_children(children).items():
+            group, child = by_kind[kind], children[kind][0]
+            seconds = self.reconciler(group[0]).observe_deadline(group) or 0.0
+            if not finished:
+                found.update({r.id: ObserveError(
+                    f"observing {r.kind} did not finish within {format_duration(seconds)}: the host does not "
+                    f"answer (a wedged driver or a hung filesystem?); observer pid {child.pid} abandoned")
+                    for r in group})
+                continue
+            try:
+                tag, value = pickle.loads(said)
+            except Exception:
+                tag, value = "died", f"the observer exited {child.returncode} without an answer"
+            if tag == "observed":
+                found.update(value)
+                continue
+            if tag == "bug" and os.environ.get("RECONCILE_DEBUG"):
+                raise RuntimeError(f"observing {kind} failed in its child:\n{value}")
+            reason = value.strip().splitlines()[-1] if tag == "bug" else value
+            found.update({r.id: ObserveError(f"internal error while observing: {reason}") for r in group})
+        return found
 
     def _observe_kind(self, group: list[Resource]) -> dict[str, Any]:
         rec = self.reconciler(group[0])

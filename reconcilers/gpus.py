@@ -28,6 +28,9 @@ from .statefile import parse_duration, parse_size
 
 MIB = 2**20
 DEFAULT_SETTLE = 30.0
+# NVML calls can block for minutes on a wedged driver or a GPU fallen off the bus; the GPUs
+# are read in a child the engine abandons after this long (`observe_timeout`).
+DEFAULT_OBSERVE_TIMEOUT = "60s"
 DEFAULT_GRACE = 10.0
 KILL_WAIT = 5.0  # after SIGKILL: a process stuck in D-state may take a moment; longer means trouble
 STOP_TIMEOUT = 120.0
@@ -449,12 +452,16 @@ class GpusReconciler(Reconciler):
                 "kill": tuple(free.get("kill", ())),
                 "grace": parse_duration(free.get("grace", DEFAULT_GRACE)),
             },
+            "observe_timeout": parse_duration(section.get("observe_timeout", DEFAULT_OBSERVE_TIMEOUT)),
         }
         settle = parse_duration(section.get("settle", DEFAULT_SETTLE))
         return [Resource(id="gpus", kind=self.kind, name="gpus", spec=spec,
                          needs=tuple(section.get("needs", ())), settle=settle)]
 
     # --- observe ---
+
+    def observe_deadline(self, resources: Sequence[Resource]) -> float | None:
+        return max(float(r.spec["observe_timeout"]) for r in resources)
 
     def observe(self, host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
         if not resources:

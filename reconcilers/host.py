@@ -10,9 +10,11 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, TypeVar
+
+K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,60 @@ class ForkedChild:
 
     def wait(self, timeout: float | None = None) -> int | None:
         deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.0005  # a child that has closed its pipe is exiting: the first polls are short
         while self.poll() is None:
             if deadline is not None and time.monotonic() >= deadline:
                 return None
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
         return self.returncode
+
+
+def collect_children(children: Mapping[K, tuple[ForkedChild, float]]) -> dict[K, tuple[bytes, bool]]:
+    """Read every child's pipe at once, each to EOF or to its own deadline (time.monotonic()).
+
+    Returns, per key, what the child wrote and whether it finished (EOF before its deadline).
+    A child past its deadline is sent SIGKILL and abandoned: never waited for, since one in
+    D-state (a hung filesystem, a wedged driver) can neither die nor be reaped; so this
+    returns by the latest deadline whatever state the children are in."""
+    import selectors
+
+    chunks: dict[K, list[bytes]] = {key: [] for key in children}
+    done: dict[K, tuple[bytes, bool]] = {}
+    sel = selectors.DefaultSelector()
+    for key, (child, _) in children.items():
+        os.set_blocking(child.stdout.fileno(), False)
+        sel.register(child.stdout, selectors.EVENT_READ, key)
+    open_ = set(children)
+    while open_:
+        now = time.monotonic()
+        for key in [k for k in open_ if children[k][1] <= now]:
+            child = children[key][0]
+            open_.discard(key)
+            sel.unregister(child.stdout)
+            child.stdout.close()
+            try:
+                child.kill()  # our own child; it dies now or when the kernel lets it
+            except OSError:
+                pass
+            done[key] = (b"".join(chunks[key]), False)
+        if not open_:
+            break
+        wait = max(0.0, min(children[k][1] for k in open_) - now)
+        for sel_key, _ in sel.select(timeout=wait):
+            key = sel_key.data
+            data = os.read(sel_key.fileobj.fileno(), 65536)
+            if data:
+                chunks[key].append(data)
+                continue
+            # EOF: the child has written all it will and is exiting; reap it if it is gone.
+            open_.discard(key)
+            sel.unregister(sel_key.fileobj)
+            sel_key.fileobj.close()
+            children[key][0].wait(timeout=1.0)  # reaped, so a long-lived caller (watch) leaves no zombies
+            done[key] = (b"".join(chunks[key]), True)
+    sel.close()
+    return done
 
 
 def kill_group(proc: subprocess.Popen) -> None:

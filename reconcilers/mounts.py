@@ -20,8 +20,6 @@ import math
 import os
 import posixpath
 import re
-import selectors
-import signal
 import stat
 import time
 from collections.abc import Sequence
@@ -29,7 +27,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
-from .host import CommandTimeout, Host
+from .host import CommandTimeout, Host, collect_children
 from .statefile import format_bytes, format_duration, parse_duration, parse_size_or_percent
 
 MOUNTINFO = "/proc/self/mountinfo"
@@ -357,60 +355,30 @@ class MountsReconciler(Reconciler):
     def _ask_children(self, host: Host, requests: dict[str, dict[str, Any]],
                       timeouts: dict[str, float]) -> dict[str, Any]:
         """Start one child per request, all at once, and collect each answer until its own
-        deadline. A child that misses its deadline is sent SIGKILL and abandoned: never waited
-        for, so this returns by the latest deadline whatever state the child is in."""
-        procs, deadlines, chunks = {}, {}, {}
+        deadline; a child that misses it is killed and abandoned (host.collect_children)."""
+        children = {}
         answers: dict[str, Any] = {}
-        sel = selectors.DefaultSelector()
         started = time.monotonic()
         for rid, req in requests.items():
             try:
-                proc = host.fork_call(probe_mount, req)
+                children[rid] = (host.fork_call(probe_mount, req), started + timeouts[rid])
             except OSError as exc:
                 answers[rid] = ObserveError(f"cannot start the probe of {req['path']}: {exc.strerror}")
+        for rid, (said, finished) in collect_children(children).items():
+            req, proc = requests[rid], children[rid][0]
+            if not finished:
+                what = "the write probe" if b"statvfs done" in said else "statvfs"
+                answers[rid] = ObserveError(
+                    f"stuck: {what} on {req['path']} did not return within {format_duration(timeouts[rid])} "
+                    f"(the filesystem does not answer; probe pid {proc.pid} abandoned)")
                 continue
-            procs[rid], deadlines[rid], chunks[rid] = proc, started + timeouts[rid], []
-            os.set_blocking(proc.stdout.fileno(), False)
-            sel.register(proc.stdout, selectors.EVENT_READ, rid)
-        open_ = set(procs)
-        while open_:
-            now = time.monotonic()
-            for rid in [rid for rid in open_ if deadlines[rid] <= now]:
-                open_.discard(rid)
-                sel.unregister(procs[rid].stdout)
-                answers[rid] = self._stuck(procs[rid], requests[rid], timeouts[rid], b"".join(chunks[rid]))
-            if not open_:
-                break
-            wait = max(0.0, min(deadlines[rid] for rid in open_) - now)
-            for key, _ in sel.select(timeout=wait):
-                rid = key.data
-                data = os.read(key.fileobj.fileno(), 65536)
-                if data:
-                    chunks[rid].append(data)
-                    continue
-                # EOF: the child has written all it will and is exiting; reap it if it is gone.
-                open_.discard(rid)
-                sel.unregister(key.fileobj)
-                key.fileobj.close()
-                procs[rid].poll()
-                text = b"".join(chunks[rid]).decode(errors="replace").strip()
-                try:
-                    answers[rid] = json.loads(text.splitlines()[-1])
-                except (ValueError, IndexError):
-                    answers[rid] = ObserveError(f"the probe of {requests[rid]['path']} failed "
-                                                f"(exit {procs[rid].returncode}): {text[:200] or 'no output'}")
-        sel.close()
+            text = said.decode(errors="replace").strip()
+            try:
+                answers[rid] = json.loads(text.splitlines()[-1])
+            except (ValueError, IndexError):
+                answers[rid] = ObserveError(f"the probe of {req['path']} failed "
+                                            f"(exit {proc.returncode}): {text[:200] or 'no output'}")
         return answers
-
-    @staticmethod
-    def _stuck(proc, req: dict[str, Any], timeout: float, said: bytes) -> ObserveError:
-        try:
-            proc.send_signal(signal.SIGKILL)  # our own child; it dies now or when the kernel lets it
-        except OSError:
-            pass
-        what = "the write probe" if b"statvfs done" in said else "statvfs"
-        return ObserveError(f"stuck: {what} on {req['path']} did not return within {format_duration(timeout)} "
-                            f"(the filesystem does not answer; probe pid {proc.pid} abandoned)")
 
     # --- diff -----------------------------------------------------------------------------
 

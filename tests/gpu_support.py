@@ -70,9 +70,10 @@ class FakeConfig:
     gpus: list[FakeGpu] = field(default_factory=list)
     holders: list[FakeHolder] = field(default_factory=list)
     driver: str = "590.48.01"
+    hang_init_s: int = 0  # nvmlInit blocks this long, as on a wedged driver
 
     def text(self) -> str:
-        lines = [f"driver version={self.driver}"]
+        lines = [f"driver version={self.driver}" + (f" hang_init_s={self.hang_init_s}" if self.hang_init_s else "")]
         for i, g in enumerate(self.gpus):
             parts = [f'name="{g.name}"', f"uuid=GPU-{uuid.UUID(int=i + 1)}",
                      f"bus=00000000:{0x11 + i * 0x10:02X}:00.0", f"total_mib={g.total_mib}",

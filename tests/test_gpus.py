@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import gpu_support as gs
@@ -236,6 +237,36 @@ def test_old_driver_without_v3_and_memory_v2(tmp_path, holders):
     report = gpus_report(proc)
     assert report["drift"] == [{"field": "gpu0.memory_used", "want": "<= 0MiB", "have": "1234MiB"}]
     assert f"{p.pid} (python3) holding 1234MiB on GPU 0" in report["message"]
+
+
+def test_wedged_driver_reported_within_observe_timeout_others_still_observed(tmp_path, fake_lib):
+    """nvmlInit blocking for minutes (a GPU fallen off the bus) must not hang the audit: the GPUs
+    are read in a child that is abandoned at `observe_timeout`, and the other kinds are reported."""
+    config = gs.FakeConfig(gpus=gs.seed_gpus(2), hang_init_s=60).write(tmp_path / "nvml.conf")
+    state = write_state(tmp_path, """\
+        gpus:
+          count: 2
+          observe_timeout: 1s
+        mounts:
+          /proc:
+            fstype: proc
+        """)
+    t0 = time.monotonic()
+    proc = cli(tmp_path, fake_lib, config, "diff", str(state), "--format", "json")
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert elapsed < 30, f"diff took {elapsed:.1f}s with a 1s observe_timeout"
+    report = gpus_report(proc)
+    assert report["status"] == "error"
+    assert "observing gpus did not finish within 1s" in report["message"]
+    pid = int(report["message"].rsplit("observer pid ", 1)[1].split()[0])
+    mount = next(r for r in report_of(proc)["resources"] if r["id"] == "mount:/proc")
+    assert mount["status"] == "ok"
+    # The abandoned child was killed (it sleeps inside nvmlInit, so SIGKILL takes it at once).
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
 
 
 # --- without NVML ----------------------------------------------------------------------------------

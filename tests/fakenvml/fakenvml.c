@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -123,6 +124,8 @@ static int has_word(const char *list, const char *word) {
     return 0;
 }
 
+static unsigned hang_init_s; /* `driver hang_init_s=N`: nvmlInit blocks N seconds */
+
 static int load_config(void) {
     const char *path = getenv("FAKE_NVML_CONFIG");
     if (!path) return -1;
@@ -136,6 +139,7 @@ static int load_config(void) {
         if (!strcmp(key, "driver")) {
             while (next_token(&p, key, sizeof key, val, sizeof val))
                 if (!strcmp(key, "version")) snprintf(driver_version, sizeof driver_version, "%s", val);
+                else if (!strcmp(key, "hang_init_s")) hang_init_s = (unsigned)strtoul(val, NULL, 10);
         } else if (!strcmp(key, "gpu") && ngpus < MAX_GPUS) {
             fake_gpu *g = &gpus[ngpus];
             memset(g, 0, sizeof *g);
@@ -282,6 +286,8 @@ static nvmlReturn_t processes(nvmlDevice_t dev, unsigned *count, nvmlProcessInfo
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     if (load_config() != 0) return NVML_ERROR_DRIVER_NOT_LOADED;
+    /* A wedged driver (a GPU fallen off the bus) can block nvmlInit for minutes. */
+    if (hang_init_s) sleep(hang_init_s);
     initialised++;
     return NVML_SUCCESS;
 }
