@@ -159,8 +159,13 @@ class Reconciler:
 
         A kind whose observation can block in the kernel for good (NVML on a wedged driver, a
         listing on a hung filesystem) gives a deadline: the engine then observes it in a child
-        it can abandon and report, and the child runs beside the other kinds on another CPU."""
+        it can abandon and report, and the child runs beside the other kinds on another CPU.
+        A kind that calls `host.heartbeat()` as it makes progress says so with `observe_idle`."""
         return None
+
+    # True: the deadline is for a stretch WITHOUT progress (host.heartbeat()), not the whole
+    # observation (a first integrity check of a million files takes minutes, a hung mount forever).
+    observe_idle: ClassVar[bool] = False
 
     def resources(self, section: Any) -> list[Resource]:
         raise NotImplementedError

@@ -31,7 +31,7 @@ from .base import (
     to_plain,
     utc_iso,
 )
-from .host import ForkedChild, Host, collect_children
+from .host import HEARTBEAT, ForkedChild, Host, collect_children
 from .statefile import LoadedState, format_duration
 
 # A resource is worked on in passes (plan, act, observe) until nothing is left to do,
@@ -196,6 +196,7 @@ class Engine:
         """In the forked child: observe one kind and write the pickled result."""
         import pickle
 
+        self.host.heartbeat_to = out  # this child's copy of the host: its heartbeats go to the parent
         try:
             payload = pickle.dumps(("observed", self._observe_kind(group)))
         except BaseException:  # a bug let through by RECONCILE_DEBUG, or an observation pickle refuses
@@ -209,17 +210,20 @@ class Engine:
         import pickle
 
         found: dict[str, Any] = {}
-        for kind, (said, finished) in collect_children(children).items():
+        seconds = {kind: self.reconciler(by_kind[kind][0]).observe_deadline(by_kind[kind]) or 0.0
+                   for kind in children}
+        idle = {kind: seconds[kind] for kind in children if self.reconciler(by_kind[kind][0]).observe_idle}
+        for kind, (said, finished) in collect_children(children, idle).items():
             group, child = by_kind[kind], children[kind][0]
-            seconds = self.reconciler(group[0]).observe_deadline(group) or 0.0
             if not finished:
+                within = f"{'made no progress for' if kind in idle else 'did not finish within'} " \
+                         f"{format_duration(seconds[kind])}"
                 found.update({r.id: ObserveError(
-                    f"observing {r.kind} did not finish within {format_duration(seconds)}: the host does not "
-                    f"answer (a wedged driver or a hung filesystem?); observer pid {child.pid} abandoned")
-                    for r in group})
+                    f"observing {r.kind} {within}: the host does not answer (a wedged driver or a hung "
+                    f"filesystem?); observer pid {child.pid} abandoned") for r in group})
                 continue
             try:
-                tag, value = pickle.loads(said)
+                tag, value = pickle.loads(said.lstrip(HEARTBEAT))
             except Exception:
                 tag, value = "died", f"the observer exited {child.returncode} without an answer"
             if tag == "observed":

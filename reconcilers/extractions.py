@@ -1,16 +1,32 @@
 """Long-running extraction jobs (EAGLE-3 hidden states): progress, damaged files, resume.
 
-Observe counts completed samples from file NAMES (`os.scandir`, no stat per file, no glob:
-on the story's host, globs over the tree failed under write load), checks the integrity
-of the files that may be damaged (see integrity.py and `verify`), and asks whether the
-job that writes them runs. Plan: quarantine damaged files (moved, never deleted, with a
+Observe counts completed samples from file NAMES (`os.listdir`/`os.scandir`, no stat per
+file, no glob: on the story's host, globs over the tree failed under write load), checks the
+integrity of the files that may be damaged (see integrity.py and `verify`), and asks whether
+the job that writes them runs. Plan: quarantine damaged files (moved, never deleted, with a
 manifest) so the job regenerates them; start the job when it is short of `min_done` and
 not running; report `converging` with progress and ETA while it runs.
 
-What `verify: recent` already checked is kept in a small state file per extraction in
+What observe learnt is kept in a small state file per extraction (`NAME.check.json`) in
 the state directory: $RECONCILE_STATE_DIR if set, else the journal's directory
-(/var/lib/reconcile as root), under `extractions/`. The pid file and output log of a
-resume `command` live there too.
+(/var/lib/reconcile as root), under `extractions/`. It holds
+- the listing of each leaf directory (`rows_*`), keyed by the directory's mtime, ctime and
+  inode: creating, removing or renaming an entry changes the mtime, so an unchanged
+  directory is not listed again (git's untracked cache does the same). A listing is kept
+  only when the directory's mtime is more than RACY_NS older than the moment the listing
+  started: an entry added within the same timestamp tick would not change the mtime.
+  Indices are kept as ranges: names that are the pattern's rendering of their index
+  (`data_7.ckpt`, `data_7.ckpt.gz`) as ranges, other matching names (`data_007.ckpt`)
+  one by one;
+- the indices verified whole, and the indices seen, as ranges;
+- the recent files (within RECENT_WINDOW of the newest) with their stat and the boot id
+  they were checked under (see RECENT_WINDOW).
+Counting works on ranges throughout, so a warm observe of 1,000,000 files builds no
+per-file set. The file is rewritten only when something in it changed. The pid file and
+output log of a resume `command` live in the same directory.
+
+Test seam: $RECONCILE_BOOT_ID_FILE, read on each observe, names the file the boot id is read
+from instead of /proc/sys/kernel/random/boot_id (tests change it to stand for a reboot).
 """
 
 from __future__ import annotations
@@ -19,19 +35,23 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .atomic import write_json
 from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource, utc_iso
 from .host import CommandTimeout, Host
+from .statefile import format_duration, parse_duration
 
 QUARANTINE = ".reconcile-quarantine"
-# Files modified within this window before the newest one are re-checked every time, and
-# give the rate: after a VM crash, data written shortly before it may be gone from disk
-# although it was whole in the page cache when last checked.
+# Files modified within this window before the newest one give the rate, and are re-read
+# when the machine has booted since they were checked, or their stat changed: after a VM
+# crash, data written shortly before it may be gone from disk although it was whole in the
+# page cache when last checked. Within one boot a re-read would be served from that same
+# page cache, so it could not find anything the last check did not.
 RECENT_WINDOW = 300.0
 # An incomplete file this young, while its job runs, is being written: not damaged.
 WRITING_GRACE = 60.0
@@ -39,7 +59,14 @@ WRITING_GRACE = 60.0
 STAT_LIMIT = 256
 MAX_RANGES = 20  # missing ranges kept in the observation (the rest is counted)
 CALL_TIMEOUT = 30.0
+DEFAULT_OBSERVE_TIMEOUT = "60s"  # without progress; see ExtractionsReconciler.observe_idle
 START_TIMEOUT = 120.0
+# A directory listing is trusted later only if the directory's mtime was at least this much
+# older than the moment the listing started (2 s: FAT's timestamp granularity, the coarsest
+# in use; Linux's own clock ticks are milliseconds).
+RACY_NS = 2 * 10**9
+STATE_FORMAT = 2  # format 1 (no `format` key): verified/seen ranges, recent {index: mtime}
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
 
 # --- the file name pattern ---------------------------------------------------------------
@@ -67,58 +94,283 @@ def compile_pattern(pattern: str) -> list[re.Pattern[str]]:
     return out
 
 
+class LeafForm(NamedTuple):
+    """How the last component renders index i: prefix + str(i) + suffix, and with `.gz`
+    appended too when `gz` (the pattern itself does not end in .gz)."""
+    prefix: str
+    suffix: str
+    gz: bool
+
+
+def leaf_form(pattern: str) -> LeafForm | None:
+    """None when the last component cannot be rendered from the index alone ({group} in it)."""
+    leaf = pattern.strip("/").split("/")[-1]
+    if leaf.count("{index}") != 1 or "{group}" in leaf or "\n" in leaf:
+        return None
+    prefix, suffix = leaf.split("{index}")
+    return LeafForm(prefix, suffix, not leaf.endswith(".gz"))
+
+
+def _canonical_indices(names: list[str], prefix: str, suffix: str) -> list[int] | None:
+    """The indices if EVERY name is prefix + str(index) + suffix, else None.
+
+    Done with a few passes of C string methods over the names joined by newlines instead
+    of a regex match per name: on 1,000,000 names the per-name work costs more than the
+    listing itself. A newline occurs only between names (checked), so "\\n" + prefix can
+    only match at a name's start and suffix + "\\n" only at its end; each replacement
+    shortens the text by the same length, so the lengths count the matches."""
+    if not names:
+        return []
+    text = "\n" + "\n".join(names) + "\n"
+    n = len(names)
+    if text.count("\n") != n + 1:  # a name with a newline in it
+        return None
+    for old in ("\n" + prefix, suffix + "\n"):
+        if len(old) > 1:
+            stripped = text.replace(old, "\n")
+            if len(text) - len(stripped) != n * (len(old) - 1):
+                return None
+            text = stripped
+    try:
+        raw = text.encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    # ASCII digits, none empty, no leading zero: exactly what str(int) renders.
+    if raw.translate(None, b"\n0123456789") or b"\n\n" in raw or raw.count(b"\n0") != raw.count(b"\n0\n"):
+        return None
+    return list(map(int, raw[1:-1].split(b"\n")))
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """Distinct integers -> ranges; one min/max when they are one run (the usual case)."""
+    if not indices:
+        return []
+    lo, hi = min(indices), max(indices)
+    return [(lo, hi)] if hi - lo + 1 == len(indices) else to_ranges(indices)
+
+
+def _valid_ranges(value: Any) -> list[tuple[int, int]]:
+    """JSON [[a, b], ...] -> sorted disjoint ranges; ValueError/TypeError if it is not that."""
+    out: list[tuple[int, int]] = []
+    for a, b in value:
+        if type(a) is not int or type(b) is not int or not 0 <= a <= b or (out and a <= out[-1][1]):
+            raise ValueError(f"bad range {a!r}-{b!r}")
+        out.append((a, b))
+    return out
+
+
+@dataclass
+class Leaf:
+    """What one leaf directory holds that matches the pattern."""
+    rel: str  # relative to the extraction's dir, with a trailing "/" ("" for the dir itself)
+    plain: list[tuple[int, int]]  # ranges of indices whose file is named prefix + str(i) + suffix
+    gz: list[tuple[int, int]]  # ... that name + ".gz"
+    named: list[tuple[int, str]]  # (index, name) of any other matching name
+
+    @classmethod
+    def parse(cls, rel: str, names: list[str], rx: re.Pattern[str], form: LeafForm | None) -> Leaf:
+        if form is not None:
+            ints = _canonical_indices(names, form.prefix, form.suffix)
+            if ints is not None:
+                return cls(rel, _runs(ints), [], [])
+            if form.gz:
+                ints = _canonical_indices(names, form.prefix, form.suffix + ".gz")
+                if ints is not None:
+                    return cls(rel, [], _runs(ints), [])
+        # Mixed or odd names: one by one.
+        plain: list[int] = []
+        gz: list[int] = []
+        named: list[tuple[int, str]] = []
+        for name in names:
+            m = rx.fullmatch(name)
+            if not m:
+                continue
+            idx = int(m.group("index"))
+            if form is not None:
+                canonical = f"{form.prefix}{idx}{form.suffix}"
+                if name == canonical:
+                    plain.append(idx)
+                    continue
+                if form.gz and name == canonical + ".gz":
+                    gz.append(idx)
+                    continue
+            named.append((idx, name))
+        return cls(rel, _runs(plain), _runs(gz), named)
+
+    @classmethod
+    def from_entry(cls, rel: str, entry: dict[str, Any]) -> Leaf | None:
+        """A cached listing from the state file; None if it is not one we wrote."""
+        try:
+            named = [(i, n) for i, n in entry.get("x", [])]
+            if not all(type(i) is int and i >= 0 and isinstance(n, str) for i, n in named):
+                return None
+            return cls(rel, _valid_ranges(entry.get("r", [])), _valid_ranges(entry.get("z", [])), named)
+        except (TypeError, ValueError):
+            return None
+
+    def entry(self, stat: list[int]) -> dict[str, Any]:
+        out: dict[str, Any] = {"stat": stat}
+        if self.plain:
+            out["r"] = [list(r) for r in self.plain]
+        if self.gz:
+            out["z"] = [list(r) for r in self.gz]
+        if self.named:
+            out["x"] = [list(x) for x in self.named]
+        return out
+
+
+class Listing:
+    """The matching files of a tree, by leaf directory, with lookups by index.
+
+    Files of one index come in a fixed order: by leaf directory (in listing order), then
+    the plain name, the `.gz` name, other names."""
+
+    def __init__(self, leaves: list[Leaf], form: LeafForm | None, cache: dict[str, Any] | None = None,
+                 listed: int = 0, reused: int = 0):
+        self.leaves = leaves
+        self.form = form
+        self.cache = cache or {}  # rel -> entry: the listings safe to trust next time
+        self.listed = listed  # leaf directories read with listdir
+        self.reused = reused  # leaf directories whose cached listing was trusted
+        intervals = [(a, b, n, v) for n, leaf in enumerate(leaves)
+                     for v, ranges in ((0, leaf.plain), (1, leaf.gz)) for a, b in ranges]
+        # Elementary segments between all interval ends, each with the (leaf, variant) pairs
+        # covering it: one bisect finds an index's files (ranges of different directories
+        # may overlap when an index has a file in two of them).
+        self._points = sorted({a for a, *_ in intervals} | {b + 1 for _, b, *_ in intervals})
+        self._covers: list[list[tuple[int, int]]] = [[] for _ in self._points]
+        for a, b, n, v in intervals:
+            for k in range(bisect_left(self._points, a), bisect_left(self._points, b + 1)):
+                self._covers[k].append((n, v))
+        self._named: dict[int, list[tuple[int, int, str]]] = {}
+        for n, leaf in enumerate(leaves):
+            for k, (i, name) in enumerate(leaf.named):
+                self._named.setdefault(i, []).append((n, 2 + k, leaf.rel + name))
+        self._intervals = intervals
+
+    def paths(self, idx: int) -> list[str]:
+        """The files of one index, relative to the extraction's dir."""
+        out: list[tuple[int, int, str]] = []
+        k = bisect_right(self._points, idx) - 1
+        if k >= 0 and self._covers[k]:
+            form = self.form
+            assert form is not None  # ranges exist only with a renderable form
+            name = f"{form.prefix}{idx}{form.suffix}"
+            out = [(n, v, self.leaves[n].rel + name + (".gz" if v else "")) for n, v in self._covers[k]]
+        if idx in self._named:
+            out = sorted(out + self._named[idx])
+        return [p for *_, p in out]
+
+    def present(self, total: int) -> list[tuple[int, int]]:
+        """Ranges of the indices < total that have at least one file."""
+        runs = [(a, b) for a, b, *_ in self._intervals]
+        runs += [(i, i) for i in self._named]
+        return _intersect(_normalize(runs), [(0, total - 1)] if total > 0 else [])
+
+    def counts(self, total: int) -> tuple[int, int]:
+        """(files whose index is < total, files whose index is >= total)."""
+        inside = outside = 0
+        for a, b, *_ in self._intervals:
+            n = max(0, min(b, total - 1) - a + 1)
+            inside += n
+            outside += b - a + 1 - n
+        for i, files in self._named.items():
+            if i < total:
+                inside += len(files)
+            else:
+                outside += len(files)
+        return inside, outside
+
+
+def list_tree(root: str, pattern: str, cache: dict[str, Any] | None = None,
+              beat: Callable[[], None] | None = None) -> Listing:
+    """List the tree's leaf directories, reusing a cached listing (see Listing.cache) of each
+    directory whose mtime, ctime and inode are unchanged. Directories above the leaves are
+    listed every time (a few hundred names); entry types come from readdir (d_type)."""
+    regexes = compile_pattern(pattern)
+    form = leaf_form(pattern)
+    cache = cache if isinstance(cache, dict) else {}
+    # Racy-clean rule: a listing made while the directory's mtime was within RACY_NS of now
+    # may miss an entry added later in the same timestamp tick, which leaves the mtime as it
+    # was; such a listing is used now but not kept. (The stat is taken before the listing, so
+    # an entry added in between makes the kept stat stale: listed again next time.)
+    safe_before = time.time_ns() - RACY_NS
+    leaves: list[Leaf] = []
+    keep: dict[str, Any] = {}
+    listed = reused = 0
+    last = len(regexes) - 1
+
+    def leaf_dir(path: str, rel: str) -> None:
+        nonlocal listed, reused
+        if beat:
+            beat()
+        st = os.stat(path)
+        stat = [st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        entry = cache.get(rel)
+        leaf = Leaf.from_entry(rel, entry) if isinstance(entry, dict) and entry.get("stat") == stat else None
+        if leaf is None:
+            leaf = Leaf.parse(rel, os.listdir(path), regexes[-1], form)
+            entry = leaf.entry(stat)
+            listed += 1
+        else:
+            reused += 1
+        if st.st_mtime_ns < safe_before:
+            keep[rel] = entry
+        leaves.append(leaf)
+
+    def walk(path: str, rel: str, level: int) -> None:
+        try:
+            if level == last:
+                leaf_dir(path, rel)
+                return
+            rx = regexes[level]
+            with os.scandir(path) as it:
+                # entry.is_dir() comes from readdir's d_type: no stat.
+                subdirs = [(e.path, e.name) for e in it
+                           if e.name != QUARANTINE and rx.fullmatch(e.name) and e.is_dir()]
+        except FileNotFoundError:
+            if level == 0:
+                raise
+            return  # removed since its parent was listed: as if listed a moment later
+        for sub, name in subdirs:
+            walk(sub, f"{rel}{name}/", level + 1)
+
+    walk(root, "", 0)
+    return Listing(leaves, form, keep, listed, reused)
+
+
 def scan(root: str, pattern: str, total: int) -> tuple[dict[int, str], dict[int, list[str]], int]:
     """Sample files by index (paths relative to root), further files of an index that has
     more than one (data_7.ckpt and data_7.ckpt.gz), and the count of matching files whose
-    index is >= total. Names only: directory entries' types come from readdir (d_type)."""
-    regexes = compile_pattern(pattern)
-    # File names are matched all at once: one regex pass over the directory's listing joined
-    # by newlines, so the per-name work is done in C (most of a scan's cost on 37,312 files).
-    leaf = re.compile(f"^({regexes[-1].pattern})$", re.MULTILINE)
+    index is >= total. Names only, no cache: list_tree's result as plain dicts."""
+    listing = list_tree(root, pattern)
     found: dict[int, str] = {}
     extra: dict[int, list[str]] = {}
-    stray = 0
 
-    def walk(path: str, rel: str, level: int) -> None:
-        nonlocal stray
-        if level == len(regexes) - 1:
-            # The files: names are all we need, so plain listdir (one getdents, no DirEntry
-            # objects), matched in one regex pass; this is most of the cost of a scan.
-            listing = os.listdir(path)
-            text = "\n".join(listing)
-            if text.count("\n") == len(listing) - 1:
-                hits = leaf.findall(text)  # [(name, index digits)]
-            else:  # a name with a newline in it: match names one by one
-                hits = [(m.group(0), m.group("index")) for n in listing if (m := regexes[-1].fullmatch(n))]
-            if not hits:
-                return
-            names, digits = zip(*hits, strict=True)
-            indices = list(map(int, digits))
-            pairs = list(zip(indices, names, strict=True))
-            before = len(found)
-            if max(indices) < total:
-                in_range = len(pairs)
-                found.update(zip(indices, map(rel.__add__, names), strict=True))
+    def add(pairs: Iterable[tuple[int, str]]) -> None:
+        for i, path in pairs:
+            if i in found:
+                extra.setdefault(i, []).append(path)
             else:
-                in_range = sum(1 for i in indices if i < total)
-                found.update((i, rel + name) for i, name in pairs if i < total)
-            stray += len(pairs) - in_range
-            if len(found) - before != in_range:  # an index seen twice: redo this directory slowly
-                for i, name in pairs:
-                    if i < total and found[i] != rel + name:
-                        extra.setdefault(i, []).append(rel + name)
-            return
-        rx = regexes[level]
-        with os.scandir(path) as it:
-            for entry in it:
-                name = entry.name
-                # entry.is_dir() comes from readdir's d_type: no stat.
-                if name != QUARANTINE and rx.fullmatch(name) and entry.is_dir():
-                    walk(entry.path, f"{rel}{name}/", level + 1)
+                found[i] = path
 
-    walk(root, "", 0)
-    return found, extra, stray
+    form = listing.form
+    for leaf in listing.leaves:
+        for ranges, tail in ((leaf.plain, ""), (leaf.gz, ".gz")):
+            assert form is not None or not ranges
+            for a, b in _intersect(ranges, [(0, total - 1)] if total > 0 else []):
+                head, end = leaf.rel + form.prefix, form.suffix + tail
+                indices = range(a, b + 1)
+                paths = [f"{head}{i}{end}" for i in indices]
+                if found.keys().isdisjoint(indices):
+                    found.update(zip(indices, paths, strict=True))
+                else:
+                    add(zip(indices, paths, strict=True))
+        add((i, leaf.rel + name) for i, name in leaf.named if i < total)
+    return found, extra, listing.counts(total)[1]
 
+
+# --- index ranges: sorted, disjoint, maximal inclusive (first, last) runs ------------------
 
 def to_ranges(indices: Iterable[int]) -> list[tuple[int, int]]:
     """Integers -> sorted inclusive (first, last) runs.
@@ -159,6 +411,75 @@ def format_ranges(ranges: Sequence[Sequence[int]], more: int = 0) -> str:
     return text + (f" (+{more} more ranges)" if more else "")
 
 
+def _normalize(runs: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Any (first, last) runs -> sorted, disjoint, maximal ranges."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(runs):
+        if out and a <= out[-1][1] + 1:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _intersect(x: Sequence[tuple[int, int]], y: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    i = j = 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if a <= b:
+            out.append((a, b))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _subtract(x: Sequence[tuple[int, int]], y: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    j = 0
+    for a, b in x:
+        while j < len(y) and y[j][1] < a:
+            j += 1
+        k = j
+        while k < len(y) and y[k][0] <= b:
+            if y[k][0] > a:
+                out.append((a, y[k][0] - 1))
+            a = max(a, y[k][1] + 1)
+            k += 1
+        if a <= b:
+            out.append((a, b))
+    return out
+
+
+def _size(ranges: Iterable[tuple[int, int]]) -> int:
+    return sum(b - a + 1 for a, b in ranges)
+
+
+def _each(ranges: Iterable[tuple[int, int]]) -> Iterator[int]:
+    for a, b in ranges:
+        yield from range(a, b + 1)
+
+
+def _contains(ranges: Sequence[tuple[int, int]], i: int) -> bool:
+    k = bisect_right(ranges, (i, float("inf"))) - 1
+    return k >= 0 and ranges[k][1] >= i
+
+
+def _last(ranges: Sequence[tuple[int, int]], n: int) -> list[tuple[int, int]]:
+    """The n highest indices."""
+    out: list[tuple[int, int]] = []
+    for a, b in reversed(ranges):
+        if n <= 0:
+            break
+        take = min(n, b - a + 1)
+        out.append((b - take + 1, b))
+        n -= take
+    return out[::-1]
+
+
 # --- where our own small files live ------------------------------------------------------
 
 def state_dir() -> Path:
@@ -176,6 +497,69 @@ def _load_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def boot_id() -> str | None:
+    """This boot's id, or None where the system has none (then recent files are always re-read)."""
+    path = os.environ.get("RECONCILE_BOOT_ID_FILE") or BOOT_ID_FILE  # the test seam, see the docstring
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError:
+        return None
+
+
+class RecentFile(NamedTuple):
+    """A recent file as last seen: its stat, and whether it was whole when last read."""
+    rel: str
+    index: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+    whole: bool
+
+    @classmethod
+    def of(cls, rel: str, index: int, st: os.stat_result, whole: bool) -> RecentFile:
+        return cls(rel, index, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, whole)
+
+    def same_stat(self, st: os.stat_result) -> bool:
+        return (self.size, self.mtime_ns, self.ctime_ns, self.ino) == (st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                                                       st.st_ino)
+
+
+@dataclass
+class CheckRecord:
+    """The state file's content, read back."""
+    verified: list[tuple[int, int]]
+    seen: list[tuple[int, int]]
+    recent: list[RecentFile]
+    newest: float | None
+    boot_id: str | None
+    dirs: dict[str, Any]
+
+    @classmethod
+    def parse(cls, data: dict[str, Any] | None, key: dict[str, Any]) -> CheckRecord | None:
+        """None when there is no usable record (missing, another dir or pattern, malformed)."""
+        if not data or {k: data.get(k) for k in key} != key:
+            return None
+        try:
+            verified = _valid_ranges(data.get("verified", []))
+            seen = _valid_ranges(data.get("seen", []))
+            newest = data.get("newest")
+            newest = float(newest) if newest is not None else None
+            if data.get("format") == STATE_FORMAT:
+                recent = [RecentFile(str(r), int(i), int(s), int(m), int(c), int(n), bool(w))
+                          for r, i, s, m, c, n, w in data.get("recent", [])]
+                boot = data.get("boot_id")
+                dirs = data.get("dirs")
+                return cls(verified, seen, recent, newest, boot if isinstance(boot, str) else None,
+                           dirs if isinstance(dirs, dict) else {})
+            # Format 1 kept recent files as {index: mtime}, without a stat to compare: those
+            # indices count as not verified, so they are read once more and recorded anew.
+            old_recent = to_ranges(int(i) for i in data.get("recent", {}))
+            return cls(_subtract(verified, old_recent), seen, [], newest, None, {})
+        except (TypeError, ValueError, AttributeError):
+            return None
 
 
 # --- observations ------------------------------------------------------------------------
@@ -222,8 +606,6 @@ class ExtractionObserved:
 
 
 def _progress(total: int, counted: int, rate: float | None, eta: float | None) -> str:
-    from .statefile import format_duration
-
     pct = 100.0 * counted / total if total else 100.0
     text = f"{counted:,} of {total:,} samples ({pct:.1f}%)"
     if rate:
@@ -238,6 +620,13 @@ class ExtractionsReconciler(Reconciler):
     kind = "extraction"
     rank = 40
     volatile_drift = ("done",)  # a running job moves it
+    # Listing a directory on a hung network mount blocks for good: observed in a child that is
+    # abandoned after `observe_timeout` without progress (a first check of 1,000,000 files
+    # takes minutes, but makes progress all along).
+    observe_idle = True
+
+    def observe_deadline(self, resources: Sequence[Resource]) -> float | None:
+        return max(float(r.spec["observe_timeout"]) for r in resources)
 
     def resources(self, section: dict[str, Any]) -> list[Resource]:
         out = []
@@ -250,6 +639,7 @@ class ExtractionsReconciler(Reconciler):
                 "allow_missing": tuple(sorted(set(spec.get("allow_missing", ())))),
                 "verify": spec.get("verify", "recent"),
                 "resume": dict(spec.get("resume") or {}),
+                "observe_timeout": parse_duration(spec.get("observe_timeout", DEFAULT_OBSERVE_TIMEOUT)),
             }
             out.append(Resource(id=f"extraction:{name}", kind=self.kind, name=name, spec=norm,
                                 needs=tuple(spec.get("needs", ()))))
@@ -265,8 +655,9 @@ class ExtractionsReconciler(Reconciler):
             if isinstance(job, ObserveError):
                 out[r.id] = job
                 continue
+            host.heartbeat()
             try:
-                out[r.id] = self._observe_files(r, job)
+                out[r.id] = self._observe_files(r, job, host.heartbeat)
             except ObserveError as exc:
                 out[r.id] = exc
             except OSError as exc:
@@ -308,48 +699,64 @@ class ExtractionsReconciler(Reconciler):
                                      f"pid {pid} running" if pid else "not running", pid or 0)
         return jobs
 
-    def _observe_files(self, r: Resource, job: JobObserved) -> ExtractionObserved:
+    def _observe_files(self, r: Resource, job: JobObserved,
+                       beat: Callable[[], None] | None = None) -> ExtractionObserved:
         spec = r.spec
         root, total, verify = spec["dir"], spec["total"], spec["verify"]
+        state_path = state_dir() / f"{r.name}.check.json"
+        key = {"dir": root, "pattern": spec["pattern"]}
+        raw = _load_json(state_path)
+        record = CheckRecord.parse(raw, key)
         try:
-            found, extra, stray = scan(root, spec["pattern"], total)
+            listing = list_tree(root, spec["pattern"], record.dirs if record else None, beat)
             exists = True
         except FileNotFoundError as exc:
             if exc.filename != root:
                 raise
-            found, extra, stray, exists = {}, {}, 0, False
+            listing, exists = Listing([], leaf_form(spec["pattern"])), False
+        everything = [(0, total - 1)] if total > 0 else []
+        present = listing.present(total)
+        files, stray = listing.counts(total)
+        boot = boot_id()
+        previous = record.recent if record else []
 
-        state_path = state_dir() / f"{r.name}.check.json"
-        key = {"dir": root, "pattern": spec["pattern"]}
-        state = _load_json(state_path) or {}
-        if {k: state.get(k) for k in key} != key:
-            state = {}
-        verified = from_ranges(state.get("verified", ()))
-        seen = from_ranges(state.get("seen", ()))
-        recent = {int(k) for k in state.get("recent", {})}
-        present = set(found)
+        carried: list[RecentFile] = []  # recent files not read again, as recorded
+        reread: set[int] = set()
+        if verify == "recent" and record:
+            carried, reread = _unchanged_recent(root, listing, present, record, boot)
 
-        if verify == "all" or (verify == "recent" and not state):
+        if verify == "all" or (verify == "recent" and not record):
             to_check = present  # no earlier check to build on: check everything once
         elif verify == "recent":
-            to_check = (present - verified) | (present & recent)
+            assert record is not None
+            to_check = _normalize(_subtract(present, record.verified) + to_ranges(reread))
         else:
-            new = sorted(present - seen)[-STAT_LIMIT:]
-            to_check = set(new) | (present & recent)
+            new = _last(_subtract(present, record.seen if record else []), STAT_LIMIT)
+            was_recent = to_ranges(f.index for f in previous)
+            to_check = _normalize(new + _intersect(present, was_recent))
+        carried = [f for f in carried if not _contains(to_check, f.index)]
 
         now = time.time()
         bad: list[Damaged] = []
         bad_idx: set[int] = set()
         good: set[int] = set()
-        mtimes: dict[int, float] = {}
+        in_flight: set[int] = set()  # checked, neither whole nor damaged: being written or gone
+        mtimes: dict[int, float] = {}  # index -> newest mtime of its files, for the files looked at
+        seen_files: list[RecentFile] = []  # files looked at that may turn out recent
+        newest_so_far = record.newest if record and record.newest else 0.0
         writing = checked = unverified = 0
-        for idx in sorted(to_check):
-            for rel in (found[idx], *extra.get(idx, ())):
-                path = os.path.join(root, rel)
-                reason, st = _check(path, verify)
-                if st is None:  # vanished between the scan and the check
+        for idx in _each(to_check):
+            for rel in listing.paths(idx):
+                if beat:
+                    beat()
+                reason, st = _check(os.path.join(root, rel), verify)
+                if st is None:  # vanished between the listing and the check
                     continue
-                mtimes[idx] = max(mtimes.get(idx, 0.0), st.st_mtime)
+                t = st.st_mtime_ns / 1e9
+                mtimes[idx] = max(mtimes.get(idx, 0.0), t)
+                newest_so_far = max(newest_so_far, t)
+                if t >= newest_so_far - RECENT_WINDOW:  # an older one cannot be recent: the newest only grows
+                    seen_files.append(RecentFile.of(rel, idx, st, verify != "none" and reason is None))
                 if verify == "none":
                     continue
                 checked += 1
@@ -357,31 +764,28 @@ class ExtractionsReconciler(Reconciler):
                     if rel.endswith(".gz") and verify != "all":
                         unverified += 1
                     good.add(idx)
-                elif job.running or job.how == "none":
-                    if now - st.st_mtime < WRITING_GRACE:
-                        writing += 1
-                        continue
-                    bad.append(Damaged(rel, reason, st.st_size, st.st_mtime))
-                    bad_idx.add(idx)
+                elif (job.running or job.how == "none") and now - st.st_mtime < WRITING_GRACE:
+                    writing += 1
                 else:
                     bad.append(Damaged(rel, reason, st.st_size, st.st_mtime))
                     bad_idx.add(idx)
+            if verify != "none" and idx not in good and idx not in bad_idx:
+                in_flight.add(idx)
+        for f in carried:
+            mtimes[f.index] = max(mtimes.get(f.index, 0.0), f.mtime_ns / 1e9)
         # An index with one good and one damaged file (x.ckpt and x.ckpt.gz) is done, but the
         # damaged one still goes to quarantine.
-        damaged_files = tuple(bad)
-        in_flight = {i for i in to_check if i not in good and i not in bad_idx} if verify != "none" else set()
-        usable = present - bad_idx - in_flight if verify != "none" else present
-        usable |= good
-        done = len(usable)
-        allowed = set(spec["allow_missing"])
-        absent = set(range(total)) - usable if len(usable) < total else set()
-        allowed_absent = len(absent & allowed)
-        missing_set = absent - allowed
-        ranges = to_ranges(missing_set)
+        unusable = to_ranges((bad_idx | in_flight) - good)
+        usable = _subtract(present, unusable)
+        done = _size(usable)
+        absent = _subtract(everything, usable)
+        allowed = _normalize((i, i) for i in spec["allow_missing"])
+        allowed_absent = _size(_intersect(absent, allowed))
+        missing = _subtract(absent, allowed)
 
         newest = max(mtimes.values(), default=None)
-        if state.get("newest") and (newest is None or state["newest"] > newest):
-            newest = state["newest"]
+        if record and record.newest and (newest is None or record.newest > newest):
+            newest = record.newest
         window = {i: t for i, t in mtimes.items() if newest is not None and t >= newest - RECENT_WINDOW}
         rate = _rate(list(window.values()))
         counted = done + allowed_absent
@@ -389,24 +793,31 @@ class ExtractionsReconciler(Reconciler):
         if rate and job.running and counted < spec["min_done"]:
             eta = (spec["min_done"] - counted) / rate
 
+        if verify == "none":
+            verified = record.verified if record else []
+        else:
+            verified = _normalize(_subtract(_intersect(record.verified if record else [], present),
+                                            to_ranges(bad_idx)) + to_ranges(good))
+        recent = sorted((f for f in seen_files + carried if f.index in window), key=lambda f: (f.index, f.rel))
         new_state = {
-            **key,
-            "verified": to_ranges((verified & present) - bad_idx | good) if verify != "none"
-            else state.get("verified", []),
-            "seen": to_ranges(present),
-            "recent": {str(i): t for i, t in window.items()},
+            "format": STATE_FORMAT, **key,
+            "verified": [list(x) for x in verified],
+            "seen": [list(x) for x in present],
+            "recent": [list(f) for f in recent],
             "newest": newest,
-            "checked_at": now,
+            "boot_id": boot,
+            "dirs": listing.cache,
         }
-        try:
-            write_json(state_path, new_state)
-        except OSError:
-            pass  # best effort: without it the next `recent` check is a full one
+        # An unchanged tree leaves the file as it is: no write per diff.
+        if raw is None or {k: v for k, v in raw.items() if k != "checked_at"} != new_state:
+            try:
+                write_json(state_path, {**new_state, "checked_at": now})
+            except OSError:
+                pass  # best effort: without it the next `recent` check is a full one
         return ExtractionObserved(
-            dir=root, exists=exists, total=total, done=done, counted=counted,
-            files=len(found) + sum(map(len, extra.values())),
-            missing=len(missing_set), missing_ranges=tuple(ranges[:MAX_RANGES]),
-            missing_ranges_more=max(0, len(ranges) - MAX_RANGES), damaged=damaged_files, writing=writing,
+            dir=root, exists=exists, total=total, done=done, counted=counted, files=files,
+            missing=_size(missing), missing_ranges=tuple(missing[:MAX_RANGES]),
+            missing_ranges_more=max(0, len(missing) - MAX_RANGES), damaged=tuple(bad), writing=writing,
             verify=verify, checked=checked, unverified_gz=unverified, out_of_range=stray, rate=rate,
             newest=newest, eta_s=eta, job=job,
         )
@@ -490,6 +901,38 @@ class ExtractionsReconciler(Reconciler):
         if observed.job.how != "none":
             parts.append(f"job {observed.job.state}")
         return ", ".join(parts)
+
+
+def _unchanged_recent(root: str, listing: Listing, present: list[tuple[int, int]], record: CheckRecord,
+                      boot: str | None) -> tuple[list[RecentFile], set[int]]:
+    """Split the recorded recent files: those that need no re-read (all files of their index
+    whole when last read, same boot, same files, same stat: size, mtime, ctime, inode), and
+    the indices to read again."""
+    same_boot = boot is not None and boot == record.boot_id
+    by_index: dict[int, list[RecentFile]] = {}
+    for f in record.recent:
+        by_index.setdefault(f.index, []).append(f)
+    unchanged: list[RecentFile] = []
+    reread: set[int] = set()
+    for idx, known in by_index.items():
+        if not _contains(present, idx):
+            continue
+        if not same_boot or not all(f.whole for f in known) \
+                or sorted(listing.paths(idx)) != sorted(f.rel for f in known):
+            reread.add(idx)
+            continue
+        for f in known:
+            try:
+                st = os.stat(os.path.join(root, f.rel))
+            except OSError:
+                reread.add(idx)
+                break
+            if not f.same_stat(st):
+                reread.add(idx)
+                break
+        else:
+            unchanged += known
+    return unchanged, reread
 
 
 def _check(path: str, verify: str):
@@ -614,5 +1057,5 @@ def start_command(host: Host, resource: Resource) -> str:
     return f"started pid {pid}: {' '.join(argv)} (output in {log})"
 
 
-__all__ = ["ExtractionsReconciler", "ExtractionObserved", "scan", "compile_pattern", "to_ranges",
+__all__ = ["ExtractionsReconciler", "ExtractionObserved", "scan", "list_tree", "compile_pattern", "to_ranges",
            "format_ranges", "quarantine", "state_dir"]

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
 K = TypeVar("K")
+# What a child writes for a heartbeat; a pickle (protocol >= 2) never starts with it.
+HEARTBEAT = b"."
 
 
 @dataclass(frozen=True)
@@ -72,15 +74,21 @@ class ForkedChild:
         return self.returncode
 
 
-def collect_children(children: Mapping[K, tuple[ForkedChild, float]]) -> dict[K, tuple[bytes, bool]]:
+def collect_children(children: Mapping[K, tuple[ForkedChild, float]],
+                     idle: Mapping[K, float] | None = None) -> dict[K, tuple[bytes, bool]]:
     """Read every child's pipe at once, each to EOF or to its own deadline (time.monotonic()).
 
-    Returns, per key, what the child wrote and whether it finished (EOF before its deadline).
+    With `idle[key]`, whatever the child writes (a heartbeat) moves its deadline to at least
+    that many seconds later: a long job that keeps making progress is not cut short, a stuck
+    one still is. Returns, per key, what the child wrote and whether it finished (EOF before
+    its deadline).
     A child past its deadline is sent SIGKILL and abandoned: never waited for, since one in
     D-state (a hung filesystem, a wedged driver) can neither die nor be reaped; so this
     returns by the latest deadline whatever state the children are in."""
     import selectors
 
+    idle = idle or {}
+    deadlines = {key: deadline for key, (_, deadline) in children.items()}
     chunks: dict[K, list[bytes]] = {key: [] for key in children}
     done: dict[K, tuple[bytes, bool]] = {}
     sel = selectors.DefaultSelector()
@@ -90,7 +98,7 @@ def collect_children(children: Mapping[K, tuple[ForkedChild, float]]) -> dict[K,
     open_ = set(children)
     while open_:
         now = time.monotonic()
-        for key in [k for k in open_ if children[k][1] <= now]:
+        for key in [k for k in open_ if deadlines[k] <= now]:
             child = children[key][0]
             open_.discard(key)
             sel.unregister(child.stdout)
@@ -102,12 +110,14 @@ def collect_children(children: Mapping[K, tuple[ForkedChild, float]]) -> dict[K,
             done[key] = (b"".join(chunks[key]), False)
         if not open_:
             break
-        wait = max(0.0, min(children[k][1] for k in open_) - now)
+        wait = max(0.0, min(deadlines[k] for k in open_) - now)
         for sel_key, _ in sel.select(timeout=wait):
             key = sel_key.data
             data = os.read(sel_key.fileobj.fileno(), 65536)
             if data:
                 chunks[key].append(data)
+                if key in idle:
+                    deadlines[key] = max(deadlines[key], time.monotonic() + idle[key])
                 continue
             # EOF: the child has written all it will and is exiting; reap it if it is gone.
             open_.discard(key)
@@ -137,6 +147,20 @@ class Host:
 
     def __init__(self, prefix: tuple[str, ...] = ()):
         self.prefix = prefix
+        # Set by the engine in a child that observes with a deadline (see heartbeat).
+        self.heartbeat_to: IO[bytes] | None = None
+        self._last_beat = 0.0
+
+    def heartbeat(self) -> None:
+        """Say "still making progress" from a long observation (one directory listed, one file
+        checked): in a child observing with a deadline it moves the deadline on; elsewhere it
+        does nothing. At most a few writes a second, however often it is called."""
+        if self.heartbeat_to is None:
+            return
+        now = time.monotonic()
+        if now - self._last_beat >= 0.2:
+            self._last_beat = now
+            self.heartbeat_to.write(HEARTBEAT)
 
     def run(self, argv: list[str] | tuple[str, ...], timeout: float = 30.0, env: dict | None = None,
             input: str | None = None) -> CommandResult:

@@ -116,6 +116,8 @@ def format_bytes(n: float) -> str:
 
 
 def format_duration(seconds: float) -> str:
+    if 0 < seconds < 1:
+        return f"{round(seconds * 1000)}ms"  # a sub-second deadline is not "0s"
     seconds = int(round(seconds))
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)

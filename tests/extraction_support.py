@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fake_extract import ckpt_bytes, safetensors_bytes, sample_path
@@ -52,16 +53,18 @@ def env_for(tmp: Path) -> dict[str, str]:
     return env
 
 
-def cli(tmp: Path, *args: str, runner=None, timeout: float = 60) -> tuple[int, dict | None, str]:
+def cli(tmp: Path, *args: str, runner=None, timeout: float = 60, env: dict[str, str] | None = None,
+        ) -> tuple[int, dict | None, str]:
     """Run `reconcile ARGS --format json` (apply gets a journal in tmp); return (rc, report, stderr).
-    `runner` is a NamespacedSystemd to run it inside that namespace."""
+    `runner` is a NamespacedSystemd to run it inside that namespace; `env` adds variables."""
     argv = [sys.executable, "-m", "reconcile", *args, "--format", "json"]
     if args[0] == "apply":
         argv += ["--journal", str(tmp / "journal.jsonl")]
+    full_env = {**env_for(tmp), **(env or {})}
     if runner is not None:
-        proc = runner.run(argv, env=env_for(tmp), timeout=timeout)
+        proc = runner.run(argv, env=full_env, timeout=timeout)
     else:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env_for(tmp), timeout=timeout, cwd=tmp)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=tmp)
     try:
         report = json.loads(proc.stdout)
     except ValueError:
@@ -71,3 +74,32 @@ def cli(tmp: Path, *args: str, runner=None, timeout: float = 60) -> tuple[int, d
 
 def resource(report: dict, rid: str = "extraction:eagle3") -> dict:
     return next(r for r in report["resources"] if r["id"] == rid)
+
+
+# --- in-process observation, for the check record's tests --------------------------------
+
+def age(path: Path, seconds: float = 3600) -> None:
+    """Set a file's or directory's mtime back: a directory this old has a listing that may be kept."""
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+
+
+def observe(spec: dict, name: str = "eagle3"):
+    """ExtractionsReconciler.observe in this process (RECONCILE_STATE_DIR must be set)."""
+    from reconcile.reconcilers.extractions import ExtractionsReconciler
+    from reconcile.reconcilers.host import Host
+
+    rec = ExtractionsReconciler()
+    (r,) = rec.resources({name: spec})
+    obs = rec.observe(Host(), [r])[r.id]
+    if isinstance(obs, Exception):
+        raise obs
+    return obs
+
+
+def record_path(state: Path, name: str = "eagle3") -> Path:
+    return state / "extractions" / f"{name}.check.json"
+
+
+def read_record(state: Path, name: str = "eagle3") -> dict:
+    return json.loads(record_path(state, name).read_text())

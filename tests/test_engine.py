@@ -222,6 +222,87 @@ def test_kinds_observed_concurrently_forking_kinds_first(monkeypatch):
     WORLD["barrier"] = threading.Barrier(2, timeout=10)
     waiting = Resource(id="wait:w", kind="wait", name="w", spec={"want": 0})
     forking = Resource(id="fork:f", kind="fork", name="f", spec={"want": 0})
+    before = threading.active_count()  # other tests' helpers (a console copier) may run threads
     report = Engine(state(toy("a", want=0), waiting, forking), Host()).diff()
     assert statuses(report) == {"toy:a": "ok", "wait:w": "ok", "fork:f": "ok"}  # no BrokenBarrierError
-    assert WORLD["threads_while_forking"] == threading.active_count() == 1
+    assert WORLD["threads_while_forking"] == threading.active_count() == before
+
+
+@dataclass(frozen=True)
+class PidObserved:
+    level: int
+    pid: int  # the process that observed it
+
+
+class ChildToyReconciler(ToyReconciler):
+    """A kind observed in a forked child: behaviour from its spec (sleep, raise)."""
+
+    key, kind = "childs", "child"
+
+    def observe_deadline(self, resources):
+        return max(r.spec.get("deadline", 10.0) for r in resources)
+
+    def observe(self, host, resources):
+        import os
+        import time
+
+        for r in resources:
+            if r.spec.get("sleep"):
+                time.sleep(r.spec["sleep"])
+            if r.spec.get("boom"):
+                raise RuntimeError("boom")
+        return {r.id: PidObserved(WORLD.get(r.name, 0), os.getpid()) for r in resources}
+
+
+def child_engine(monkeypatch, *resources):
+    from reconcile.reconcilers.host import Host as RealHost
+
+    monkeypatch.setitem(REGISTRY, "childs", "test_engine:ChildToyReconciler")
+    monkeypatch.setitem(ID_PREFIXES, "child", "childs")
+    return Engine(state(*resources), RealHost())
+
+
+def child(name, **spec):
+    return Resource(id=f"child:{name}", kind="child", name=name, spec={"want": 0, **spec})
+
+
+def test_kind_with_a_deadline_is_observed_in_a_child(monkeypatch):
+    import os
+
+    report = child_engine(monkeypatch, toy("a", want=0), child("c")).diff()
+    assert statuses(report) == {"toy:a": "ok", "child:c": "ok"}
+    observed = next(r.observed for r in report.resources if r.resource.id == "child:c")
+    assert isinstance(observed, PidObserved) and observed.pid != os.getpid()
+
+
+def test_child_past_its_deadline_is_abandoned_and_reported(monkeypatch):
+    import os
+    import time
+
+    t0 = time.monotonic()
+    report = child_engine(monkeypatch, toy("a", want=0), child("c", sleep=60, deadline=0.5)).diff()
+    assert time.monotonic() - t0 < 10
+    assert statuses(report) == {"toy:a": "ok", "child:c": "error"}
+    [msg] = [r.message for r in report.resources if r.resource.id == "child:c"]
+    assert msg.startswith("observing child did not finish within 500ms: "), msg
+    pid = int(msg.rsplit("observer pid ", 1)[1].split()[0])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # SIGKILLed: gone, or a zombie of ours
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"observer {pid} still running")
+    os.waitpid(pid, os.WNOHANG)
+
+
+def test_bug_in_a_child_is_an_error_of_that_kind_only(monkeypatch):
+    monkeypatch.delenv("RECONCILE_DEBUG", raising=False)
+    report = child_engine(monkeypatch, toy("a", want=0), child("c", boom=True)).diff()
+    assert statuses(report) == {"toy:a": "ok", "child:c": "error"}
+    [msg] = [r.message for r in report.resources if r.resource.id == "child:c"]
+    assert msg == "internal error while observing: RuntimeError: boom"

@@ -9,15 +9,29 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 import zipfile
 from pathlib import Path
 
 import pytest
 from cli_support import wait_for
-from extraction_support import FAKE_EXTRACT, cli, resource, state_yaml, write_sample, write_samples
+from extraction_support import (
+    FAKE_EXTRACT,
+    age,
+    cli,
+    observe,
+    read_record,
+    record_path,
+    resource,
+    state_yaml,
+    write_sample,
+    write_samples,
+)
+from reconcile.reconcilers.extractions import list_tree, scan
 
 UNIT = "eagle3-extract.service"
 
@@ -240,3 +254,282 @@ def test_killed_job_quarantined_resumed_and_finished(nsystemd, tmp_path):
     assert nsystemd.show(UNIT, "ActiveState") == "inactive"  # Type=exec job exited 0
     journal = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
     assert [(e["action"], e["result"]) for e in journal] == [("quarantine", "done"), ("start", "done")]
+
+
+# --- the check record: directory listings, recent files (in-process, real files) -------
+
+PATTERN = "rows_{group}/data_{index}.ckpt"
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    """A state directory, and a boot id file standing for /proc/sys/kernel/random/boot_id."""
+    monkeypatch.setenv("RECONCILE_STATE_DIR", str(tmp_path / "state"))
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    monkeypatch.setenv("RECONCILE_BOOT_ID_FILE", str(boot))
+    return tmp_path / "state"
+
+
+def _no_resume_running(out: Path, total: int, **spec) -> dict:
+    # A resume command that is not running: an incomplete file is damaged whatever its age.
+    return {"dir": str(out), "total": total, "resume": {"command": ["true"]}, **spec}
+
+
+def test_cached_listing_is_used_until_the_directory_changes(tmp_path, state):
+    out = tmp_path / "hs"
+    write_samples(out, range(20))
+    for d in ("rows_0-10", "rows_10-20"):
+        age(out / d)
+    spec = {"dir": str(out), "total": 20}
+    assert observe(spec).done == 20
+    dirs = read_record(state)["dirs"]
+    assert {k: v["r"] for k, v in dirs.items()} == {"rows_0-10/": [[0, 9]], "rows_10-20/": [[10, 19]]}
+    again = list_tree(str(out), PATTERN, dirs)
+    assert (again.listed, again.reused) == (0, 2)
+    # Make the kept listing lie: data_3.ckpt is still on disk, but the observation follows
+    # the cached listing, so the directory was not listed again.
+    rec = read_record(state)
+    rec["dirs"]["rows_0-10/"]["r"] = [[0, 2], [4, 9]]
+    record_path(state).write_text(json.dumps(rec))
+    obs = observe(spec)
+    assert obs.done == 19 and obs.missing_ranges == ((3, 3),)
+    # Any entry created in the directory changes its mtime: listed again, the truth is back.
+    (out / "rows_0-10" / "notes.txt").write_text("x")
+    obs = observe(spec)
+    assert obs.done == 20 and obs.missing_ranges == ()
+
+
+def test_files_added_and_removed_in_cached_directories(tmp_path, state):
+    out = tmp_path / "hs"
+    write_samples(out, range(25))
+    for d in ("rows_0-10", "rows_10-20", "rows_20-30"):
+        age(out / d)
+    spec = {"dir": str(out), "total": 30}
+    obs = observe(spec)
+    assert obs.done == 25 and obs.missing_ranges == ((25, 29),)
+    assert set(read_record(state)["dirs"]) == {"rows_0-10/", "rows_10-20/", "rows_20-30/"}
+    write_sample(out, 25)
+    (out / "rows_0-10" / "data_5.ckpt").unlink()
+    obs = observe(spec)
+    assert obs.done == 25 and obs.files == 25
+    assert obs.missing_ranges == ((5, 5), (26, 29))
+
+
+def test_listing_made_within_the_racy_window_is_not_trusted(tmp_path, state):
+    out = tmp_path / "hs"
+    write_samples(out, range(10), group=20)
+    d = out / "rows_0-20"
+    spec = {"dir": str(out), "total": 12}
+    os.utime(d)  # modified "now", right before the listing
+    assert observe(spec).done == 10
+    assert "rows_0-20/" not in read_record(state)["dirs"]  # too young to be kept
+    before = os.stat(d)
+    # A file added within the same timestamp tick leaves the directory's mtime as it was.
+    write_sample(out, 10, group=20)
+    os.utime(d, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(d).st_mtime_ns == before.st_mtime_ns
+    listing = list_tree(str(out), PATTERN, read_record(state)["dirs"])
+    assert (listing.listed, listing.reused) == (1, 0)
+    assert listing.paths(10) == ["rows_0-20/data_10.ckpt"]
+    assert observe(spec).done == 11
+    # Once the mtime is safely in the past, the listing is kept.
+    age(d)
+    observe(spec)
+    assert read_record(state)["dirs"]["rows_0-20/"]["r"] == [[0, 10]]
+
+
+def test_unchanged_tree_does_not_rewrite_the_record(tmp_path, state):
+    out = tmp_path / "hs"
+    write_samples(out, range(10))
+    age(out / "rows_0-10")
+    spec = {"dir": str(out), "total": 10}
+    observe(spec)
+    first = os.stat(record_path(state))
+    for _ in range(2):
+        obs = observe(spec)
+        assert obs.done == 10 and obs.checked == 0
+        now = os.stat(record_path(state))
+        assert (now.st_ino, now.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)
+    write_sample(out, 3, fmt="ckpt.gz")
+    obs = observe(spec)
+    assert obs.files == 11 and obs.checked == 2  # both files of index 3: the new one and its twin
+    assert os.stat(record_path(state)).st_ino != first.st_ino
+
+
+def test_truncated_recent_file_found_when_its_stat_changes(tmp_path, state):
+    out = tmp_path / "hs"
+    write_samples(out, range(10))
+    spec = _no_resume_running(out, 10)
+    assert observe(spec).checked == 10  # no record yet: every file once
+    obs = observe(spec)
+    assert obs.checked == 0 and obs.damaged == ()  # same boot, same stat: not read again
+    assert {f[0] for f in read_record(state)["recent"]} == {f"rows_0-10/data_{i}.ckpt" for i in range(10)}
+    path = out / "rows_0-10" / "data_9.ckpt"
+    st = os.stat(path)
+    full = path.read_bytes()
+    with open(path, "r+b") as fh:  # cut off in place: same inode, same mtime, new size and ctime
+        fh.truncate(len(full) // 2)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    obs = observe(spec)
+    assert obs.checked == 1
+    assert [(d.path, d.size) for d in obs.damaged] == [("rows_0-10/data_9.ckpt", len(full) // 2)]
+    assert obs.done == 9
+
+
+def test_recent_files_reread_after_the_boot_id_changes(tmp_path):
+    out = tmp_path / "hs"
+    write_samples(out, range(20))
+    for i in range(10, 20):  # written a day before the rest: not recent
+        os.utime(out / "rows_10-20" / f"data_{i}.ckpt", (time.time() - 86400, time.time() - 86400))
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    env = {"RECONCILE_BOOT_ID_FILE": str(boot)}
+    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 20})
+
+    def checked() -> int:
+        rc, rep, err = cli(tmp_path, "diff", str(state), env=env)
+        assert rc == 0 and resource(rep)["status"] == "ok", (rep, err)
+        return resource(rep)["observed"]["checked"]
+
+    assert checked() == 20
+    assert checked() == 0
+    boot.write_text("boot-2\n")  # a reboot: the page cache that served the last reads is gone
+    assert checked() == 10  # the recent files only
+    assert checked() == 0
+
+
+def _names(d: Path, names) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        idx = int(n.split("_")[1].split(".")[0])
+        src = write_sample(d.parent / "src", idx, fmt="ckpt.gz" if n.endswith(".gz") else "ckpt")
+        (d / n).write_bytes(src.read_bytes())
+
+
+def test_gz_padded_and_duplicate_names_round_trip_through_the_cache(tmp_path, state):
+    out = tmp_path / "hs"
+    _names(out / "rows_0-10", ["data_0.ckpt", "data_1.ckpt.gz", "data_2.ckpt", "data_2.ckpt.gz", "data_007.ckpt",
+                               "data_3.ckpt", "data_03.ckpt", "data_5.ckpt", "data_12.ckpt"])
+    (out / "rows_0-10" / "notes.txt").write_text("x")
+    _names(out / "rows_10-20", [f"data_{i}.ckpt.gz" for i in range(10, 15)] + ["data_5.ckpt"])
+    for d in ("rows_0-10", "rows_10-20"):
+        age(out / d)
+    cold = list_tree(str(out), PATTERN)
+    dirs = cold.cache
+    assert dirs["rows_0-10/"]["r"] == [[0, 0], [2, 3], [5, 5], [12, 12]]
+    assert dirs["rows_0-10/"]["z"] == [[1, 2]]
+    assert sorted(map(tuple, dirs["rows_0-10/"]["x"])) == [(3, "data_03.ckpt"), (7, "data_007.ckpt")]
+    assert dirs["rows_10-20/"] == {**dirs["rows_10-20/"], "r": [[5, 5]], "z": [[10, 14]]}
+    warm = list_tree(str(out), PATTERN, json.loads(json.dumps(dirs)))  # as read back from the file
+    assert (warm.listed, warm.reused) == (0, 2)
+    for i in range(20):
+        assert warm.paths(i) == cold.paths(i)
+    assert cold.paths(2) == ["rows_0-10/data_2.ckpt", "rows_0-10/data_2.ckpt.gz"]
+    assert sorted(cold.paths(5)) == ["rows_0-10/data_5.ckpt", "rows_10-20/data_5.ckpt"]
+    assert warm.counts(10) == cold.counts(10) == (9, 6)
+    found, extra, stray = scan(str(out), PATTERN, 10)
+    assert {i: sorted([p, *extra.get(i, [])]) for i, p in found.items()} == {
+        i: sorted(cold.paths(i)) for i in range(10) if cold.paths(i)}
+    assert stray == 6
+    spec = _no_resume_running(out, 10)
+    first = observe(spec)  # lists, checks every file
+    assert first.files == 9 and first.out_of_range == 6 and first.done == 6 and first.checked == 9
+    again = observe(spec)  # from the cache
+    assert again.files == 9 and again.out_of_range == 6 and again.done == 6 and again.checked == 0
+    assert again.missing_ranges == ((4, 4), (6, 6), (8, 9))
+
+
+@pytest.fixture
+def big_dir(tmp_path):
+    """A directory for 200,000 files: on tmpfs where there is one (creating them on a disk takes
+    seconds to a minute depending on its load), removed afterwards."""
+    shm = Path("/dev/shm")
+    base = Path(tempfile.mkdtemp(prefix="reconcile-test-", dir=shm)) if os.access(shm, os.W_OK) else tmp_path
+    yield base
+    if base != tmp_path:
+        shutil.rmtree(base)
+
+
+def test_large_tree_same_observation_from_cache_as_from_a_cold_listing(big_dir, state):
+    out = big_dir / "hs"
+    total, group = 200_000, 2000
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+    dirs = []
+    for g in range(0, total, group):
+        d = out / f"rows_{g}-{g + group}"
+        d.mkdir(parents=True)
+        dirs.append(d)
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            names = [f"data_{i}.ckpt" for i in range(g, g + group) if not 51_000 <= i < 51_700]
+            if g == 100_000:
+                names += ["data_100001.ckpt.gz", "data_0100002.ckpt", "data_250000.ckpt", "notes.txt"]
+            if g == 150_000:
+                names += ["data_1.ckpt"]  # an index also in another directory
+            for n in names:
+                os.close(os.open(n, flags, 0o644, dir_fd=dfd))
+        finally:
+            os.close(dfd)
+    for d in dirs[:-1]:  # the last one stays young: listed every time
+        age(d)
+    spec = {"dir": str(out), "total": total, "verify": "none", "allow_missing": [51_000, 7]}
+    first = observe(spec)
+    assert first.done == total - 700 and first.files == total - 700 + 3 and first.out_of_range == 1
+    assert first.missing == 699 and first.missing_ranges == ((51_001, 51_699),)
+    assert len(read_record(state)["dirs"]) == len(dirs) - 1
+    from_cache = observe(spec)
+    listing = list_tree(str(out), PATTERN, read_record(state)["dirs"])
+    assert (listing.listed, listing.reused) == (1, len(dirs) - 1)
+    rec = read_record(state)
+    rec["dirs"] = {}
+    record_path(state).write_text(json.dumps(rec))
+    cold = observe(spec)
+    assert cold == from_cache
+    found, extra, stray = scan(str(out), PATTERN, total)
+    assert (len(found), len(found) + sum(map(len, extra.values())), stray) == (cold.done, cold.files, 1)
+
+
+def test_check_record_of_the_earlier_format_or_damaged_is_not_fatal(tmp_path, state):
+    out = tmp_path / "hs"
+    write_samples(out, range(10))
+    age(out / "rows_0-10")
+    spec = _no_resume_running(out, 10)
+    path = record_path(state)
+    path.parent.mkdir(parents=True)
+    newest = os.stat(out / "rows_0-10" / "data_9.ckpt").st_mtime
+    # Format 1: no stat of the recent files, so index 9 is read once more, then kept as usual.
+    path.write_text(json.dumps({"dir": str(out), "pattern": PATTERN, "verified": [[0, 9]], "seen": [[0, 9]],
+                                "recent": {"9": newest}, "newest": newest, "checked_at": 1.0}))
+    obs = observe(spec)
+    assert obs.done == 10 and obs.checked == 1
+    rec = read_record(state)
+    assert rec["format"] == 2 and rec["verified"] == [[0, 9]] and "rows_0-10/" in rec["dirs"]
+    assert observe(spec).checked == 0
+    good = read_record(state)
+    for damaged in ({**good, "verified": "0-9"}, {**good, "recent": [["x"]]}, {**good, "dirs": []},
+                    {**good, "dirs": {"rows_0-10/": {**good["dirs"]["rows_0-10/"], "r": [[5, 2]]}}},
+                    {**good, "dirs": {"rows_0-10/": {**good["dirs"]["rows_0-10/"], "x": [[1]]}}}):
+        path.write_text(json.dumps(damaged))
+        obs = observe(spec)
+        assert obs.done == 10 and obs.damaged == () and obs.missing == 0
+    path.write_text("{not json")
+    assert observe(spec).done == 10
+
+
+def test_long_first_check_making_progress_is_not_cut_short(tmp_path):
+    """`observe_timeout` bounds a stretch without progress, not the observation: a first check of
+    every file that takes several times the timeout still finishes (heartbeats move the deadline)."""
+    out = tmp_path / "hs"
+    n = 20_000
+    write_samples(out, range(n), group=1000)
+    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": n, "verify": "all",
+                                             "observe_timeout": 0.3})
+    t0 = time.monotonic()
+    rc, report, err = cli(tmp_path, "diff", str(state))
+    took = time.monotonic() - t0
+    res = resource(report)
+    assert rc == 0 and res["status"] == "ok", (res, err)
+    assert res["observed"]["checked"] == n and res["observed"]["done"] == n
+    # Meaningful only if the observation outlasted the timeout several times over.
+    assert took > 3 * 0.3, f"the check took only {took:.2f}s: make the tree bigger"

@@ -231,3 +231,61 @@ def test_to_ranges_matches_a_plain_walk_on_random_sets():
         indices = [rng.randrange(100) for _ in range(rng.randrange(80))]
         assert to_ranges(indices) == plain(indices)
     assert to_ranges(range(37312)) == [(0, 37311)]
+
+
+def test_bulk_name_parsing_agrees_with_the_regex_name_by_name():
+    """Leaf.parse reads a directory of canonical names with a few string passes; whatever it
+    returns must be what matching each name with the pattern's regex gives."""
+    import random
+
+    from reconcile.reconcilers.extractions import Leaf, _canonical_indices, leaf_form
+
+    rng = random.Random(11)
+    odd = ["data_007.ckpt", "data_0.ckpt", "data_00.ckpt", "data_.ckpt", "data_\u0663.ckpt", "data_5.ckpt.gz",
+           "data_5.ckptx", "xdata_5.ckpt", "data_data_5.ckpt", "data_+5.ckpt", "data_5_0.ckpt", "data_ 5.ckpt",
+           "data_5\n.ckpt", "notes.txt", "data_5.ckpt.gz.gz", "data_12.ckpt", "data_12.ckpt.gz"]
+    for pattern in ("rows_{group}/data_{index}.ckpt", "data_{index}.ckpt.gz", "{index}", "x{index}0.pt"):
+        rx = compile_pattern(pattern)[-1]
+        form = leaf_form(pattern)
+        for _ in range(400):
+            base = rng.sample(range(60), rng.randrange(12))
+            names = [f"{form.prefix}{i}{form.suffix}" for i in base]
+            if rng.random() < 0.3:
+                names += [f"{form.prefix}{i}{form.suffix}.gz" for i in base[:3]]
+            if rng.random() < 0.5:
+                names.append(rng.choice(odd))
+            names = list(dict.fromkeys(names))
+            rng.shuffle(names)
+            leaf = Leaf.parse("", names, rx, form)
+            got = sorted([(i, f"{form.prefix}{i}{form.suffix}") for i in _each(leaf.plain)]
+                         + [(i, f"{form.prefix}{i}{form.suffix}.gz") for i in _each(leaf.gz)] + leaf.named)
+            want = sorted((int(m.group("index")), n) for n in names if (m := rx.fullmatch(n)))
+            assert got == want, (pattern, names)
+            bulk = _canonical_indices(names, form.prefix, form.suffix)
+            canonical = all(n == f"{form.prefix}{i}{form.suffix}" for i, n in want) and len(want) == len(names)
+            assert (bulk is not None) == canonical, (pattern, names)
+            if bulk is not None:
+                assert sorted(bulk) == sorted(i for i, _ in want)
+
+
+def _each(ranges):
+    return [i for a, b in ranges for i in range(a, b + 1)]
+
+
+def test_range_operations_match_sets():
+    import random
+
+    from reconcile.reconcilers.extractions import _contains, _intersect, _last, _normalize, _size, _subtract
+
+    rng = random.Random(5)
+    for _ in range(500):
+        x = {rng.randrange(60) for _ in range(rng.randrange(50))}
+        y = {rng.randrange(60) for _ in range(rng.randrange(50))}
+        rx, ry = to_ranges(x), to_ranges(y)
+        assert _intersect(rx, ry) == to_ranges(x & y)
+        assert _subtract(rx, ry) == to_ranges(x - y)
+        assert _normalize(rx + ry) == to_ranges(x | y)
+        assert _size(rx) == len(x)
+        n = rng.randrange(10)
+        assert _last(rx, n) == to_ranges(sorted(x)[-n:] if n else [])
+        assert all(_contains(rx, i) == (i in x) for i in range(-1, 61))

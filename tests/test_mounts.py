@@ -269,3 +269,41 @@ mounts:
     assert res[f"mount:{sc.tmp}/fine"]["status"] == "ok"
     start, end = (float(x) for x in sc.text("elapsed").split())
     assert end - start < probe_timeout + slack, f"diff took {end - start:.2f}s"
+
+
+def test_extraction_on_a_hung_mount_is_reported_not_waited_on(sc: Scenario):
+    """Listing a directory on a filesystem that stopped answering blocks for good: the extraction
+    is observed in a child abandoned after `observe_timeout` without progress."""
+    why = fuse_missing()
+    if why:
+        pytest.skip(why)
+    state = sc.state("""
+extractions:
+  stuck:
+    dir: $T/hung/hidden_states
+    total: 100
+    observe_timeout: 1s
+mounts:
+  $T/fine:
+    fstype: tmpfs
+""")
+    sc.run(f"""
+        mkdir -p $T/hung $T/fine
+        mount -t tmpfs -o size=8m scratch-fine $T/fine
+        "$PY" "$SUPPORT" fuse-hang $T/hung $T/ready > $T/server.log 2>&1 &
+        for i in $(seq 200); do [ -e $T/ready ] && break; sleep 0.05; done
+        [ -e $T/ready ] || {{ cat $T/server.log >&2; exit 1; }}
+        start=$(date +%s.%N)
+        cli diff diff {state}
+        end=$(date +%s.%N)
+        echo "$start $end" > $T/elapsed
+        kill -9 $(cat $T/ready)
+    """)
+    rc, res = sc.report("diff")
+    assert rc == 1
+    stuck = res["extraction:stuck"]
+    assert stuck["status"] == "error", stuck
+    assert stuck["message"].startswith("observing extraction made no progress for 1s: "), stuck["message"]
+    assert res[f"mount:{sc.tmp}/fine"]["status"] == "ok"
+    start, end = (float(x) for x in sc.text("elapsed").split())
+    assert end - start < 1.0 + 5.0, f"diff took {end - start:.2f}s"

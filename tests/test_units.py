@@ -8,10 +8,12 @@ import json
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
-from cli_support import NsCli, cli_env, is_active, is_enabled, reconcile_argv, service
+from cli_support import NsCli, cli_env, is_active, is_enabled, reconcile_argv, service, wait_for
+from test_units_plan import INSTALL_CASES
 
 STATIC = "[Unit]\nDescription=static\n[Service]\nExecStart=/bin/sleep infinity\n"
 VLLM = "vllm-kimi-k25-int4.service"
@@ -333,6 +335,167 @@ def test_text_output_plan_style_without_colour_when_piped(nsystemd, cli):
     assert "active:  true -> false" in proc.stdout
     assert f"→ stop {VLLM}" in proc.stdout
     assert "Plan: 2 actions to take." in proc.stdout
+
+
+# --- observing without loading: list-units, the unit files, and `show` only where needed ------
+
+TEMPLATE = "[Unit]\nDescription=template %i\n[Service]\nExecStart=/bin/sleep infinity\n" \
+           "[Install]\nWantedBy=multi-user.target\n"
+SHOWN = "LoadState,ActiveState,SubState,UnitFileState,FragmentPath,MainPID"
+
+
+def show_props(nsd, name: str) -> dict[str, str]:
+    out = nsd.systemctl("show", "-p", SHOWN, "--", name, check=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def in_memory(nsd, *names: str) -> set[str]:
+    """The units of `names` that systemd holds in memory (list-units loads nothing)."""
+    out = nsd.systemctl("list-units", "--all", "--plain", "--no-legend", "--full", "--", *names).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def log_count(nsd, text: str) -> int:
+    return nsd.log_path.read_text(errors="replace").count(text)
+
+
+def by_name(report) -> dict[str, dict]:
+    return {r["id"].removeprefix("unit:"): r for r in report["resources"]}
+
+
+def test_units_systemd_does_not_hold_are_observed_without_loading_them(nsystemd, cli):
+    # Each unit file has a key systemd does not know: it logs a warning naming the key every time it
+    # loads the file, which makes a load visible in its console log.
+    tag = uuid.uuid4().hex[:8]
+    installs = {"t-cold-dis.service": "[Install]\nWantedBy=multi-user.target\n", "t-cold-static.service": "",
+                "t-cold-also.service": "[Install]\nAlso=t-cold-dis.service\n", "t-cold-barrier.service": ""}
+    probe = {name: f"ReconcileProbe{tag}N{i}" for i, name in enumerate(installs)}
+    for name, key in probe.items():
+        nsystemd.write_unit(name, f"[Service]\nExecStart=/bin/sleep infinity\n{key}=1\n{installs[name]}")
+    declared = ["t-cold-dis.service", "t-cold-static.service", "t-cold-also.service"]
+    assert not in_memory(nsystemd, *probe) and not any(log_count(nsystemd, k) for k in probe.values())
+    state = cli.state("version: 1\nunits:\n  t-cold-dis.service: {active: false, enabled: false}\n"
+                      "  t-cold-static.service: {active: false}\n  t-cold-also.service: {active: false}\n")
+    code, report = cli.json("diff", str(state))
+    assert code == 0, report
+    got = {n: (r["status"], r["observed"]["load_state"], r["observed"]["active_state"], r["observed"]["sub_state"],
+               r["observed"]["unit_file_state"]) for n, r in by_name(report).items()}
+    assert got == {"t-cold-dis.service": ("ok", "loaded", "inactive", "dead", "disabled"),
+                   "t-cold-static.service": ("ok", "loaded", "inactive", "dead", "static"),
+                   "t-cold-also.service": ("ok", "loaded", "inactive", "dead", "indirect")}
+    # A barrier: systemd loads this one now and logs its warning, after any it logged during the diff.
+    nsystemd.systemctl("show", "-p", "LoadState", "t-cold-barrier.service", check=True)
+    wait_for(lambda: log_count(nsystemd, probe["t-cold-barrier.service"]), what="the barrier's warning")
+    assert {n: log_count(nsystemd, probe[n]) for n in declared} == dict.fromkeys(declared, 0)
+    assert not in_memory(nsystemd, *declared)
+    # systemd says the same once asked (and its loading them shows in the log: the probe works)
+    for n in declared:
+        props = show_props(nsystemd, n)
+        assert ("ok", props["LoadState"], props["ActiveState"], props["SubState"], props["UnitFileState"]) == got[n]
+    wait_for(lambda: all(log_count(nsystemd, probe[n]) for n in declared), what="the declared units' warnings")
+
+
+def test_observed_state_is_what_systemctl_show_reports(nsystemd, cli):
+    """Every kind of unit, declared as it is (no drift, so no `show` where the listings suffice):
+    the observed state in the report is what `systemctl show` says."""
+    nsd = nsystemd
+    running = {"t-z-run.service", "t-z-staticrun.service", "t-z-wants.service", "t-z-tpl@a.service",
+               "t-z-maskrun.service", "t-z-trans.service"}
+    nsd.write_unit("t-z-run.service", service("run"), enable=True)
+    nsd.write_unit("t-z-en.service", service("en"), enable=True)
+    nsd.write_unit("t-z-dis.service", service("dis"))
+    nsd.write_unit("t-z-static.service", STATIC)
+    nsd.write_unit("t-z-staticrun.service", STATIC)
+    nsd.write_unit("t-z-tpl@.service", TEMPLATE)
+    nsd.write_unit("t-z-real.service", service("real") + "Alias=t-z-alias.service\n")
+    nsd.write_unit("t-z-real2.service", service("real2"))
+    nsd.write_unit("t-z-also.service", STATIC + "[Install]\nAlso=t-z-dis.service\n")
+    nsd.write_unit("t-z-drop.service", STATIC)
+    nsd.write_unit("t-z-wants.service", "[Unit]\nWants=t-z-missing.service\n" + STATIC[len("[Unit]\n"):])
+    alias2 = nsd.unit_dir / "t-z-alias2.service"  # a plain alias link, not made by `enable`
+    with contextlib.ExitStack() as stack:
+        for name in ("t-z-rt.service", "t-z-mask.service", "t-z-maskrun.service"):
+            stack.enter_context(runtime_unit(nsd, name, service(name)))
+        try:
+            (nsd.unit_dir / "t-z-drop.service.d").mkdir()
+            (nsd.unit_dir / "t-z-drop.service.d/install.conf").write_text("[Install]\nWantedBy=multi-user.target\n")
+            alias2.symlink_to("/etc/systemd/system/t-z-real2.service")
+            nsd.systemctl("daemon-reload", check=True)
+            for name in ("t-z-real.service", "t-z-tpl@c.service"):
+                nsd.systemctl("enable", name, check=True)
+            for name in sorted(running - {"t-z-trans.service"}):
+                nsd.systemctl("start", name, check=True)
+            for name in ("t-z-mask.service", "t-z-maskrun.service"):
+                nsd.systemctl("mask", name, check=True)
+            nsd.run(["systemd-run", "--unit=t-z-trans", "/bin/sleep", "1000"], check=True)
+            names = ["t-z-run.service", "t-z-en.service", "t-z-dis.service", "t-z-static.service",
+                     "t-z-staticrun.service", "t-z-tpl@a.service", "t-z-tpl@b.service", "t-z-tpl@c.service",
+                     "t-z-real.service", "t-z-alias.service", "t-z-real2.service", "t-z-alias2.service",
+                     "t-z-also.service", "t-z-drop.service", "t-z-wants.service", "t-z-missing.service",
+                     "t-z-ghost.service", "t-z-rt.service", "t-z-mask.service", "t-z-maskrun.service",
+                     "t-z-trans.service"]
+            state = cli.state("version: 1\nunits:\n" + "".join(
+                f"  {n}: {{active: {str(n in running).lower()}}}\n" for n in names))
+            code, report = cli.json("diff", str(state))
+            assert code == 0, report
+            seen = by_name(report)
+            assert {n: r["status"] for n, r in seen.items()} == dict.fromkeys(names, "ok")
+            fields = ("load_state", "active_state", "sub_state", "unit_file_state", "fragment_path")
+            mine = {n: tuple(seen[n]["observed"][f] for f in fields) for n in names}
+            props = {n: show_props(nsd, n) for n in names}
+            theirs = {n: (p["LoadState"], p["ActiveState"], p["SubState"], p["UnitFileState"], p["FragmentPath"])
+                      for n, p in props.items()}
+            assert mine == theirs
+            # the spread of cases is real
+            assert {mine[n][3] for n in names} >= {"enabled", "disabled", "static", "indirect", "masked",
+                                                   "transient", ""}
+            assert mine["t-z-maskrun.service"][:3] == ("masked", "active", "running")
+            assert mine["t-z-ghost.service"][0] == mine["t-z-missing.service"][0] == "not-found"
+            # MainPID is read only where `show` was needed (an instance), not for a plain running unit
+            assert int(props["t-z-run.service"]["MainPID"]) > 0 and seen["t-z-run.service"]["observed"]["main_pid"] == 0
+            assert seen["t-z-tpl@a.service"]["observed"]["main_pid"] == int(props["t-z-tpl@a.service"]["MainPID"]) > 0
+        finally:
+            nsd.systemctl("stop", "t-z-tpl@a.service", "t-z-trans.service")
+            nsd.systemctl("disable", "t-z-real.service", "t-z-tpl@c.service")
+            if alias2.is_symlink():
+                alias2.unlink()
+            nsd.systemctl("daemon-reload")
+
+
+def test_template_name_is_an_error_of_its_own(nsystemd, cli):
+    nsystemd.write_unit("t-tp@.service", TEMPLATE)
+    nsystemd.write_unit("t-tp-ok.service", service("ok"))
+    state = cli.state("version: 1\nunits:\n  t-tp@.service: {active: false}\n  t-tp-ok.service: {active: false}\n")
+    code, report = cli.json("diff", str(state))
+    assert code == 1
+    seen = by_name(report)
+    assert seen["t-tp@.service"]["status"] == "error" and "template" in seen["t-tp@.service"]["message"]
+    assert seen["t-tp-ok.service"]["status"] == "ok"
+
+
+def test_drifting_units_are_planned_from_systemctl_show(nsystemd, cli):
+    nsystemd.write_unit("t-d-cold.service", service("cold"))  # disabled, not in memory, unit file in /etc
+    nsystemd.write_unit("t-d-run.service", service("run"))
+    nsystemd.systemctl("start", "t-d-run.service", check=True)
+    state = cli.state("version: 1\nunits:\n  t-d-cold.service: {enabled: masked}\n"
+                      "  t-d-run.service: {active: false}\n")
+    code, report = cli.json("diff", str(state))
+    assert code == 2
+    seen = by_name(report)
+    cold, run = seen["t-d-cold.service"], seen["t-d-run.service"]
+    assert cold["status"] == "blocked" and "/etc/systemd/system/t-d-cold.service" in cold["message"]
+    assert cold["observed"]["fragment_path"] == nsystemd.show("t-d-cold.service", "FragmentPath")
+    assert run["status"] == "drift" and [a["action"] for a in run["actions"]] == ["stop"]
+    assert run["observed"]["main_pid"] == nsystemd.main_pid("t-d-run.service") > 0
+
+
+def test_install_sections_read_as_systemd_reads_them(nsystemd):
+    """The [Install] cases test_units_plan decides without systemd, checked against systemd."""
+    decided = [(f"t-inst{i}.service", label, want) for i, (label, _, want) in enumerate(INSTALL_CASES) if want]
+    for name, label, _ in decided:
+        nsystemd.write_unit(name, next(text for lab, text, _ in INSTALL_CASES if lab == label))
+    assert {label: is_enabled(nsystemd, name) for name, label, _ in decided} == {
+        label: want for _, label, want in decided}
 
 
 _ = sys
