@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 import click
 
@@ -33,7 +32,7 @@ def resolve_state_file(given: str | None) -> str:
     tried.append("$RECONCILE_STATE (unset)")
     short = os.uname().nodename.split(".", 1)[0]
     for candidate in (f"states/{short}.yaml", "state.yaml"):
-        if Path(candidate).is_file():
+        if os.path.isfile(candidate):
             return candidate
         tried.append(candidate)
     fail(f"no state file given and none found; tried {', '.join(tried)}")

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 
 def write_json(path: str | os.PathLike, data: Any, *, indent: int | None = None) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    path = os.fspath(path)
+    parent, name = os.path.split(path)
+    os.makedirs(parent or ".", exist_ok=True)
+    tmp = os.path.join(parent, f".{name}.{os.getpid()}.tmp")
     text = json.dumps(data, indent=indent, default=str)
-    tmp.write_text(text + "\n" if indent is not None else text)
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text + "\n" if indent is not None else text)
     os.replace(tmp, path)

@@ -38,8 +38,10 @@ import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 from .atomic import write_json
 from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource, utc_iso
@@ -483,6 +485,8 @@ def _last(ranges: Sequence[tuple[int, int]], n: int) -> list[tuple[int, int]]:
 # --- where our own small files live ------------------------------------------------------
 
 def state_dir() -> Path:
+    from pathlib import Path  # not at the top: pathlib is ~10 ms of the parent's start-up
+
     explicit = os.environ.get("RECONCILE_STATE_DIR")
     if explicit:
         return Path(explicit) / "extractions"
@@ -503,7 +507,8 @@ def boot_id() -> str | None:
     """This boot's id, or None where the system has none (then recent files are always re-read)."""
     path = os.environ.get("RECONCILE_BOOT_ID_FILE") or BOOT_ID_FILE  # the test seam, see the docstring
     try:
-        return Path(path).read_text().strip() or None
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip() or None
     except OSError:
         return None
 
@@ -1007,7 +1012,7 @@ def quarantine(resource: Resource, files: Iterable[dict[str, Any]]) -> str:
                           "reason": reason, "size": st.st_size, "mtime": st.st_mtime})
     finally:
         if moved:
-            write_json(Path(qdir) / "manifest.json", {
+            write_json(os.path.join(qdir, "manifest.json"), {
                 "created": utc_iso(),
                 "extraction": resource.name, "dir": root,
                 "why": "damaged sample files moved aside so that the job regenerates them",

@@ -76,7 +76,7 @@ def load_inventory(path: str) -> Inventory:
     data, pos = _parse_yaml(text, path)
     if not isinstance(data, dict):
         raise StateFileError([f"{path}:1:1: expected a mapping with 'version: 1' and 'hosts'"])
-    schema = json.loads((SCHEMA_DIR / "inventory.schema.json").read_text())
+    schema = json.loads(Path(SCHEMA_DIR, "inventory.schema.json").read_text())
     validator = jsonschema.Draft202012Validator(schema, format_checker=_format_checker())
     found = sorted({_message_for(e, pos) for e in validator.iter_errors(data)})
     problems = [f"{path}:{line}:{col}: {msg}" for (line, col), msg in found]
