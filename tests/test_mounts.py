@@ -27,6 +27,21 @@ cli() {
 }
 """
 
+# A tmpfs at $T/fine and a FUSE filesystem at $T/hung whose server answers INIT and then never
+# again; `reconcile diff STATE` runs against them, timed into $T/elapsed, then the server is killed.
+HUNG_FUSE_DIFF = r"""
+    mkdir -p $T/hung $T/fine
+    mount -t tmpfs -o size=8m scratch-fine $T/fine
+    "$PY" "$SUPPORT" fuse-hang $T/hung $T/ready > $T/server.log 2>&1 &
+    for i in $(seq 200); do [ -e $T/ready ] && break; sleep 0.05; done
+    [ -e $T/ready ] || { cat $T/server.log >&2; exit 1; }
+    findmnt -n -o FSTYPE $T/hung > $T/hung.findmnt
+    start=$(date +%s.%N)
+    cli diff diff STATE
+    end=$(date +%s.%N)
+    echo "$start $end" > $T/elapsed
+    kill -9 $(cat $T/ready)
+"""
 
 @pytest.fixture(scope="module", autouse=True)
 def _namespaces():
@@ -248,19 +263,7 @@ mounts:
   $T/fine:
     fstype: tmpfs
 """)
-    sc.run(f"""
-        mkdir -p $T/hung $T/fine
-        mount -t tmpfs -o size=8m scratch-fine $T/fine
-        "$PY" "$SUPPORT" fuse-hang $T/hung $T/ready > $T/server.log 2>&1 &
-        for i in $(seq 200); do [ -e $T/ready ] && break; sleep 0.05; done
-        [ -e $T/ready ] || {{ cat $T/server.log >&2; exit 1; }}
-        findmnt -n -o FSTYPE $T/hung > $T/hung.findmnt
-        start=$(date +%s.%N)
-        cli diff diff {state}
-        end=$(date +%s.%N)
-        echo "$start $end" > $T/elapsed
-        kill -9 $(cat $T/ready)
-    """)
+    sc.run(HUNG_FUSE_DIFF.replace("STATE", str(state)))
     assert sc.text("hung.findmnt").strip() == "fuse.hang"
     rc, res = sc.report("diff")
     assert rc == 1
@@ -287,18 +290,7 @@ mounts:
   $T/fine:
     fstype: tmpfs
 """)
-    sc.run(f"""
-        mkdir -p $T/hung $T/fine
-        mount -t tmpfs -o size=8m scratch-fine $T/fine
-        "$PY" "$SUPPORT" fuse-hang $T/hung $T/ready > $T/server.log 2>&1 &
-        for i in $(seq 200); do [ -e $T/ready ] && break; sleep 0.05; done
-        [ -e $T/ready ] || {{ cat $T/server.log >&2; exit 1; }}
-        start=$(date +%s.%N)
-        cli diff diff {state}
-        end=$(date +%s.%N)
-        echo "$start $end" > $T/elapsed
-        kill -9 $(cat $T/ready)
-    """)
+    sc.run(HUNG_FUSE_DIFF.replace("STATE", str(state)))
     rc, res = sc.report("diff")
     assert rc == 1
     stuck = res["extraction:stuck"]
