@@ -74,6 +74,9 @@ class ForkedChild:
         return self.returncode
 
 
+_ABANDONED: list[ForkedChild] = []
+
+
 def collect_children(children: Mapping[K, tuple[ForkedChild, float]],
                      idle: Mapping[K, float] | None = None) -> dict[K, tuple[bytes, bool]]:
     """Read every child's pipe at once, each to EOF or to its own deadline (time.monotonic()).
@@ -87,6 +90,10 @@ def collect_children(children: Mapping[K, tuple[ForkedChild, float]],
     returns by the latest deadline whatever state the children are in."""
     import selectors
 
+    # Children abandoned by earlier calls that have died since: reaped now, so a long-lived
+    # caller (`reconcile watch`) does not collect zombies. Only by their own pid: a wait for any
+    # child would take the exit status of a subprocess.Popen child from under it.
+    _ABANDONED[:] = [c for c in _ABANDONED if c.poll() is None]
     idle = idle or {}
     deadlines = {key: deadline for key, (_, deadline) in children.items()}
     chunks: dict[K, list[bytes]] = {key: [] for key in children}
@@ -107,6 +114,7 @@ def collect_children(children: Mapping[K, tuple[ForkedChild, float]],
                 child.kill()  # our own child; it dies now or when the kernel lets it
             except OSError:
                 pass
+            _ABANDONED.append(child)
             done[key] = (b"".join(chunks[key]), False)
         if not open_:
             break

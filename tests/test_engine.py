@@ -297,7 +297,9 @@ def test_child_past_its_deadline_is_abandoned_and_reported(monkeypatch):
         time.sleep(0.05)
     else:
         raise AssertionError(f"observer {pid} still running")
-    os.waitpid(pid, os.WNOHANG)
+    # The next observation reaps it (a long-lived `watch` must not pile up zombies).
+    child_engine(monkeypatch, child("c2")).diff()
+    assert not os.path.exists(f"/proc/{pid}"), "the abandoned observer was not reaped"
 
 
 def test_bug_in_a_child_is_an_error_of_that_kind_only(monkeypatch):
