@@ -42,17 +42,18 @@ def resolve_state_file(given: str | None) -> str:
 STATE_LABEL = "reconcile.state_label"  # click context meta key, set by --state-label
 
 
-def load_state(path: str):
+def load_state(path: str, prefetch=None):
     """Load and validate FILE; `-` reads the state from stdin (as a remote target does), shown in
-    messages as --state-label NAME (default `<stdin>`), so errors point into the user's own file."""
+    messages as --state-label NAME (default `<stdin>`), so errors point into the user's own file.
+    `prefetch` (engine.Prefetch) starts observing kinds as they are built."""
     from .reconcilers.statefile import StateFileError, load
 
     try:
         if path == "-":
             ctx = click.get_current_context(silent=True)
             label = (ctx.meta.get(STATE_LABEL) if ctx else None) or "<stdin>"
-            return load(label, text=sys.stdin.buffer.read())
-        return load(path)
+            return load(label, text=sys.stdin.buffer.read(), on_kind=prefetch)
+        return load(path, on_kind=prefetch)
     except StateFileError as exc:
         for problem in exc.problems:
             click.echo(problem, err=True)
@@ -186,11 +187,12 @@ def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) -> Non
 
     Exit 0: no drift; 2: drift; 1: error.
     """
-    from .reconcilers.engine import Engine
+    from .reconcilers.engine import Engine, Prefetch
     from .reconcilers.report import render
 
-    state = load_state(resolve_state_file(file))
-    report = Engine(state).diff()
+    prefetch = Prefetch()  # kinds observed in children start while the state is being built
+    state = load_state(resolve_state_file(file), prefetch)
+    report = Engine(state, prefetch.host, prefetch=prefetch).diff()
     render(report, fmt, verbose=verbose)
     if out_path:
         _save_plan(report, out_path)
@@ -233,7 +235,7 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     Exit 0: every resource ok (or converging as intended); 2: drift remains;
     1: an error (bad input, lock held, wrong host, a resource that cannot be observed).
     """
-    from .reconcilers.engine import Engine, HostMismatch
+    from .reconcilers.engine import Engine, HostMismatch, Prefetch
     from .reconcilers.journal import Journal, LockError
     from .reconcilers.report import render
 
@@ -250,9 +252,12 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
         except PlanError as exc:
             fail(str(exc))
         sys.exit(code)
-    state = load_state(path)
-    if dry_run:
-        report = Engine(state).diff(command="apply")
+    # Observing may start while the state is built only when nothing will be changed: apply
+    # proper observes after taking its lock, so it never acts on what another apply changed.
+    prefetch = Prefetch() if dry_run else None
+    state = load_state(path, prefetch)
+    if prefetch is not None:
+        report = Engine(state, prefetch.host, prefetch=prefetch).diff(command="apply")
         render(report, fmt, verbose=verbose)
         sys.exit(report.exit_code)
 

@@ -113,12 +113,69 @@ def _plan_message(plan: Plan) -> str:
     return "; ".join(m for m in (plan.blocked, plan.converging, plan.message) if m)
 
 
+def observe_group(rec: Reconciler, host: Host, group: list[Resource]) -> dict[str, Any]:
+    """One kind's observation by id; an ObserveError for what could not be observed."""
+    try:
+        found = rec.observe(host, group)
+    except ObserveError as exc:
+        found = {r.id: exc for r in group}
+    except Exception as exc:  # a bug in a reconciler must not hide the other resources
+        if os.environ.get("RECONCILE_DEBUG"):
+            raise
+        found = {r.id: ObserveError(f"internal error while observing: {type(exc).__name__}: {exc}")
+                 for r in group}
+    return {r.id: found.get(r.id, ObserveError("not observed")) for r in group}
+
+
+def observe_to_pipe(rec: Reconciler, host: Host, group: list[Resource], out: Any) -> None:
+    """In a forked child: observe one kind and write the pickled result."""
+    import pickle
+
+    host.heartbeat_to = out  # this child's copy of the host: its heartbeats go to the parent
+    try:
+        payload = pickle.dumps(("observed", observe_group(rec, host, group)))
+    except BaseException:  # a bug let through by RECONCILE_DEBUG, or an observation pickle refuses
+        import traceback
+
+        payload = pickle.dumps(("bug", traceback.format_exc()))
+    out.write(payload)
+
+
+class Prefetch:
+    """Observation started while the state file is still being built (`statefile.load(on_kind=)`).
+
+    A kind observed in a child (`observe_deadline`) is forked as soon as its resources exist, so
+    its slow part (pynvml's import in the GPU child, about 50 ms) runs on another CPU while the
+    other kinds are imported and built; Engine.observe takes the child over. For read-only
+    commands only (diff, apply --dry-run): apply observes after taking its lock."""
+
+    def __init__(self, host: Host | None = None):
+        self.host = host or Host()
+        self._started: dict[frozenset[str], tuple[ForkedChild, float]] = {}
+
+    def __call__(self, rec: Reconciler, resources: Sequence[Resource]) -> None:
+        seconds = rec.observe_deadline(resources) if resources else None
+        if seconds is None:
+            return
+        group = list(resources)
+        try:
+            child = self.host.fork_call(observe_to_pipe, rec, self.host, group)
+        except OSError:
+            return  # Engine.observe tries again and reports what goes wrong
+        self._started[frozenset(r.id for r in group)] = (child, time.monotonic() + seconds)
+
+    def take(self, group: Sequence[Resource]) -> tuple[ForkedChild, float] | None:
+        """The child observing exactly these resources, once."""
+        return self._started.pop(frozenset(r.id for r in group), None)
+
+
 class Engine:
     def __init__(self, state: LoadedState, host: Host | None = None,
                  journal: Callable[[dict[str, Any]], None] | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, prefetch: Prefetch | None = None):
         self.state = state
         self.host = host or Host()
+        self.prefetch = prefetch
         self.journal = journal
         self.clock = clock
         self._reconcilers: dict[str, Reconciler] = {}
@@ -147,12 +204,17 @@ class Engine:
         children: dict[str, tuple[ForkedChild, float]] = {}
         in_process: list[list[Resource]] = []
         for group in by_kind.values():
-            seconds = self.reconciler(group[0]).observe_deadline(group)
+            rec = self.reconciler(group[0])
+            seconds = rec.observe_deadline(group)
             if seconds is None:
                 in_process.append(group)
                 continue
+            started = self.prefetch.take(group) if self.prefetch else None
+            if started is not None:
+                children[group[0].kind] = started
+                continue
             try:
-                children[group[0].kind] = (self.host.fork_call(self._observe_to_pipe, group),
+                children[group[0].kind] = (self.host.fork_call(observe_to_pipe, rec, self.host, group),
                                            time.monotonic() + seconds)
             except OSError as exc:
                 found.update({r.id: ObserveError(f"cannot start a child to observe {r.kind}: {exc.strerror}")
@@ -192,19 +254,6 @@ class Engine:
             found.update(result)
         return found
 
-    def _observe_to_pipe(self, group: list[Resource], out: Any) -> None:
-        """In the forked child: observe one kind and write the pickled result."""
-        import pickle
-
-        self.host.heartbeat_to = out  # this child's copy of the host: its heartbeats go to the parent
-        try:
-            payload = pickle.dumps(("observed", self._observe_kind(group)))
-        except BaseException:  # a bug let through by RECONCILE_DEBUG, or an observation pickle refuses
-            import traceback
-
-            payload = pickle.dumps(("bug", traceback.format_exc()))
-        out.write(payload)
-
     def _collect(self, by_kind: Mapping[str, list[Resource]],
                  children: Mapping[str, tuple[ForkedChild, float]]) -> dict[str, Any]:
         import pickle
@@ -236,17 +285,7 @@ class Engine:
         return found
 
     def _observe_kind(self, group: list[Resource]) -> dict[str, Any]:
-        rec = self.reconciler(group[0])
-        try:
-            found = rec.observe(self.host, group)
-        except ObserveError as exc:
-            found = {r.id: exc for r in group}
-        except Exception as exc:  # a bug in a reconciler must not hide the other resources
-            if os.environ.get("RECONCILE_DEBUG"):
-                raise
-            found = {r.id: ObserveError(f"internal error while observing: {type(exc).__name__}: {exc}")
-                     for r in group}
-        return {r.id: found.get(r.id, ObserveError("not observed")) for r in group}
+        return observe_group(self.reconciler(group[0]), self.host, group)
 
     def _assess(self, r: Resource, obs: Any) -> tuple[list[Drift], Plan]:
         rec = self.reconciler(r)

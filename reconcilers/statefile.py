@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ except ImportError:  # Python >= 3.12 renamed it
         from _sha2 import sha256
     except ImportError:
         from hashlib import sha256
-from .base import Resource
+from .base import Reconciler, Resource
 
 SUPPORTED_VERSIONS = (1,)
 # Paths as strings: pathlib (with urllib.parse and ipaddress) is ~10 ms of every start-up.
@@ -380,11 +380,18 @@ def _cache_write(digest: str, doc: dict) -> None:
         pass
 
 
-def build_resources(doc: dict[str, Any]) -> list[Resource]:
+def build_resources(doc: dict[str, Any],
+                    on_kind: Callable[[Reconciler, list[Resource]], None] | None = None) -> list[Resource]:
+    """Every declared resource, kind by kind in REGISTRY order; `on_kind(reconciler, resources)`
+    is called as each kind is built (engine.Prefetch starts observing it there)."""
     resources: list[Resource] = []
     for key in REGISTRY:
         if key in doc and doc[key] is not None:
-            resources.extend(reconciler_for(key).resources(doc[key]))
+            rec = reconciler_for(key)
+            built = rec.resources(doc[key])
+            if on_kind is not None:
+                on_kind(rec, built)
+            resources.extend(built)
     return resources
 
 
@@ -493,7 +500,8 @@ def validate_text(text: str, label: str) -> dict[str, Any]:
     return data
 
 
-def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache: bool = True) -> LoadedState:
+def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache: bool = True,
+         on_kind: Callable[[Reconciler, list[Resource]], None] | None = None) -> LoadedState:
     """Read, validate (or trust the cache) and build the ordered resources. `text` (bytes: checked as
     UTF-8 with a position) stands in for the file's content, labelled `path` (a state sent on stdin)."""
     label = str(path)
@@ -522,6 +530,6 @@ def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache:
         doc = validate_text(text, label)
         if use_cache:
             _cache_write(digest, doc)
-    resources = order_resources(build_resources(doc))
+    resources = order_resources(build_resources(doc, on_kind))
     return LoadedState(path=label, version=doc["version"], host=doc.get("host"), doc=doc,
                        resources=tuple(resources))

@@ -308,3 +308,21 @@ def test_bug_in_a_child_is_an_error_of_that_kind_only(monkeypatch):
     assert statuses(report) == {"toy:a": "ok", "child:c": "error"}
     [msg] = [r.message for r in report.resources if r.resource.id == "child:c"]
     assert msg == "internal error while observing: RuntimeError: boom"
+
+
+def test_prefetched_child_is_taken_over_not_forked_again(monkeypatch):
+    """engine.Prefetch starts a child-observed kind while the state is still being built; the
+    engine then uses that very child's answer."""
+    from reconcile.reconcilers.engine import Prefetch
+
+    engine = child_engine(monkeypatch, toy("a", want=0), child("c"))
+    prefetch = Prefetch(engine.host)
+    prefetch(ChildToyReconciler(), [child("c")])
+    prefetch(ToyReconciler(), [toy("a", want=0)])  # observed in-process: nothing started
+    [(started, _deadline)] = list(prefetch._started.values())
+    engine.prefetch = prefetch
+    report = engine.diff()
+    assert statuses(report) == {"toy:a": "ok", "child:c": "ok"}
+    observed = next(r.observed for r in report.resources if r.resource.id == "child:c")
+    assert observed.pid == started.pid
+    assert prefetch.take([child("c")]) is None  # taken once
