@@ -104,21 +104,10 @@ def collect_children(children: Mapping[K, tuple[ForkedChild, float]],
         sel.register(child.stdout, selectors.EVENT_READ, key)
     open_ = set(children)
     while open_:
-        now = time.monotonic()
-        for key in [k for k in open_ if deadlines[k] <= now]:
-            child = children[key][0]
-            open_.discard(key)
-            sel.unregister(child.stdout)
-            child.stdout.close()
-            try:
-                child.kill()  # our own child; it dies now or when the kernel lets it
-            except OSError:
-                pass
-            _ABANDONED.append(child)
-            done[key] = (b"".join(chunks[key]), False)
-        if not open_:
-            break
-        wait = max(0.0, min(deadlines[k] for k in open_) - now)
+        wait = max(0.0, min(deadlines[k] for k in open_) - time.monotonic())
+        # What the children wrote meanwhile is read before any of them is judged late: a caller
+        # that comes to collect late (busy building the rest of the state) must not cut short a
+        # child whose heartbeats or answer sit unread in its pipe.
         for sel_key, _ in sel.select(timeout=wait):
             key = sel_key.data
             data = os.read(sel_key.fileobj.fileno(), 65536)
@@ -133,6 +122,18 @@ def collect_children(children: Mapping[K, tuple[ForkedChild, float]],
             sel_key.fileobj.close()
             children[key][0].wait(timeout=1.0)  # reaped, so a long-lived caller (watch) leaves no zombies
             done[key] = (b"".join(chunks[key]), True)
+        now = time.monotonic()
+        for key in [k for k in open_ if deadlines[k] <= now]:
+            child = children[key][0]
+            open_.discard(key)
+            sel.unregister(child.stdout)
+            child.stdout.close()
+            try:
+                child.kill()  # our own child; it dies now or when the kernel lets it
+            except OSError:
+                pass
+            _ABANDONED.append(child)
+            done[key] = (b"".join(chunks[key]), False)
     sel.close()
     return done
 
@@ -162,11 +163,11 @@ class Host:
     def heartbeat(self) -> None:
         """Say "still making progress" from a long observation (one directory listed, one file
         checked): in a child observing with a deadline it moves the deadline on; elsewhere it
-        does nothing. At most a few writes a second, however often it is called."""
+        does nothing. At most 20 writes a second, however often it is called."""
         if self.heartbeat_to is None:
             return
         now = time.monotonic()
-        if now - self._last_beat >= 0.2:
+        if now - self._last_beat >= 0.05:
             self._last_beat = now
             self.heartbeat_to.write(HEARTBEAT)
 

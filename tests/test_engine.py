@@ -326,3 +326,26 @@ def test_prefetched_child_is_taken_over_not_forked_again(monkeypatch):
     observed = next(r.observed for r in report.resources if r.resource.id == "child:c")
     assert observed.pid == started.pid
     assert prefetch.take([child("c")]) is None  # taken once
+
+
+def _beat_then_answer(out):
+    import time
+
+    for _ in range(12):  # 0.6 s of progress, one heartbeat each 50 ms
+        out.write(b".")
+        time.sleep(0.05)
+    out.write(b"answer")
+
+
+def test_heartbeats_waiting_in_the_pipe_count_when_the_caller_comes_late():
+    """A caller busy elsewhere past a child's first deadline reads what the child wrote meanwhile
+    before judging it: a child that kept making progress is not cut short."""
+    import time
+
+    from reconcile.reconcilers.host import Host as RealHost
+    from reconcile.reconcilers.host import collect_children
+
+    child = RealHost().fork_call(_beat_then_answer)
+    time.sleep(0.4)  # the caller is busy: the child's first deadline (0.2 s) passes unread
+    [(said, finished)] = collect_children({"c": (child, time.monotonic() - 0.2)}, {"c": 0.3}).values()
+    assert finished and said.lstrip(b".") == b"answer"
