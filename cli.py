@@ -196,7 +196,20 @@ def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) -> Non
     render(report, fmt, verbose=verbose)
     if out_path:
         _save_plan(report, out_path)
-    sys.exit(report.exit_code)
+    exit_now(report.exit_code)
+
+
+def exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown, which frees every object of every module one by
+    one: about 20 ms of a `diff`. Nothing is lost by it here: our own files are written whole and
+    closed (atomic writes), observer children are reaped or abandoned on purpose, and only the
+    standard streams may hold buffered output."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`): nothing more can reach it
+            pass
+    os._exit(code)
 
 
 def _save_plan(report, out_path: str) -> None:

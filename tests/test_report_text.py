@@ -59,3 +59,27 @@ def test_plan_style_lines(tmp_path):
     assert any(line.startswith(f"  ! mount:{point}") or line.startswith(f"  ~ mount:{point}") for line in lines)
     assert any("mounted:" in line and "false -> true" in line for line in lines), proc.stdout
     assert lines[-1] == "No actions planned. 1 blocked."
+
+
+def test_whole_report_reaches_a_file_and_exit_code_kept(tmp_path):
+    """diff leaves without the interpreter's teardown (cli.exit_now): a report far larger than
+    one stdio buffer, written to a regular file (block-buffered), must still arrive whole, and
+    the exit code must survive."""
+    lines = ["version: 1", "mounts:"]
+    for i in range(120):
+        point = tmp_path / f"not-mounted-{i:03d}"
+        point.mkdir()
+        lines += [f"  {point}:", "    mounted: true"]
+    state = tmp_path / "s.yaml"
+    state.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "report.json"
+    with open(out, "w") as fh:
+        proc = subprocess.run(reconcile_argv("diff", str(state), "--format", "json"), stdout=fh,
+                              stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert out.stat().st_size > 4 * 8192
+    import json
+
+    report = json.loads(out.read_text())
+    assert len(report["resources"]) == 120
+    assert all(r["drift"] == [{"field": "mounted", "want": True, "have": False}] for r in report["resources"])
