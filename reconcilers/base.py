@@ -103,6 +103,20 @@ class ApplyError(Exception):
     """An action could not be carried out."""
 
 
+def run_action(host: Host, argv: Sequence[str], timeout: float) -> str:
+    """Run the command that carries out an action (`systemctl stop`, `mount`): its output on
+    one line, or ApplyError when it misses its deadline or exits non-zero."""
+    from .host import CommandTimeout
+
+    try:
+        res = host.run(list(argv), timeout=timeout)
+    except CommandTimeout as exc:
+        raise ApplyError(str(exc)) from None
+    if not res.ok:
+        raise ApplyError(res.brief())
+    return (res.stderr.strip() or res.stdout.strip()).replace("\n", "; ")
+
+
 def utc_iso(t: float | None = None, millis: bool = False) -> str:
     """An epoch time (default: now) as ISO 8601 UTC, `2026-11-29T16:40:01Z` or, with millis,
     `2026-11-29T16:40:01.120Z`: the one timestamp format of journals, plans and manifests."""

@@ -141,6 +141,15 @@ def observe_to_pipe(rec: Reconciler, host: Host, group: list[Resource], out: Any
     out.write(payload)
 
 
+def start_observer(rec: Reconciler, host: Host, group: Sequence[Resource]) -> tuple[ForkedChild, float] | None:
+    """Fork the child that observes `group`, with its deadline, when the kind observes in one
+    (`observe_deadline`); None when it observes in this process. OSError when the fork fails."""
+    seconds = rec.observe_deadline(group) if group else None
+    if seconds is None:
+        return None
+    return host.fork_call(observe_to_pipe, rec, host, list(group)), time.monotonic() + seconds
+
+
 class Prefetch:
     """Observation started while the state file is still being built (`statefile.load(on_kind=)`).
 
@@ -154,15 +163,12 @@ class Prefetch:
         self._started: dict[frozenset[str], tuple[ForkedChild, float]] = {}
 
     def __call__(self, rec: Reconciler, resources: Sequence[Resource]) -> None:
-        seconds = rec.observe_deadline(resources) if resources else None
-        if seconds is None:
-            return
-        group = list(resources)
         try:
-            child = self.host.fork_call(observe_to_pipe, rec, self.host, group)
+            started = start_observer(rec, self.host, resources)
         except OSError:
             return  # Engine.observe tries again and reports what goes wrong
-        self._started[frozenset(r.id for r in group)] = (child, time.monotonic() + seconds)
+        if started is not None:
+            self._started[frozenset(r.id for r in resources)] = started
 
     def take(self, group: Sequence[Resource]) -> tuple[ForkedChild, float] | None:
         """The child observing exactly these resources, once."""
@@ -204,21 +210,17 @@ class Engine:
         children: dict[str, tuple[ForkedChild, float]] = {}
         in_process: list[list[Resource]] = []
         for group in by_kind.values():
-            rec = self.reconciler(group[0])
-            seconds = rec.observe_deadline(group)
-            if seconds is None:
-                in_process.append(group)
-                continue
             started = self.prefetch.take(group) if self.prefetch else None
-            if started is not None:
-                children[group[0].kind] = started
-                continue
             try:
-                children[group[0].kind] = (self.host.fork_call(observe_to_pipe, rec, self.host, group),
-                                           time.monotonic() + seconds)
+                started = started or start_observer(self.reconciler(group[0]), self.host, group)
             except OSError as exc:
                 found.update({r.id: ObserveError(f"cannot start a child to observe {r.kind}: {exc.strerror}")
                               for r in group})
+                continue
+            if started is None:
+                in_process.append(group)
+            else:
+                children[group[0].kind] = started
         forking = [g for g in in_process if self.reconciler(g[0]).forks_to_observe]
         threaded = [g for g in in_process if not self.reconciler(g[0]).forks_to_observe]
         for group in forking:

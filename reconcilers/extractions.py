@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 from .atomic import write_json
-from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource, utc_iso
+from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource, run_action, utc_iso
 from .host import CommandTimeout, Host
 from .statefile import format_duration, parse_duration
 
@@ -882,12 +882,7 @@ class ExtractionsReconciler(Reconciler):
         if action.action == "start":
             resume = resource.spec["resume"]
             if resume.get("unit"):
-                try:
-                    res = host.run(["systemctl", "start", "--", resume["unit"]], timeout=START_TIMEOUT)
-                except CommandTimeout as exc:
-                    raise ApplyError(str(exc)) from None
-                if not res.ok:
-                    raise ApplyError(res.brief())
+                run_action(host, ["systemctl", "start", "--", resume["unit"]], START_TIMEOUT)
                 return f"started {resume['unit']}"
             if resume.get("command"):
                 return start_command(host, resource)

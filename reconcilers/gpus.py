@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
+from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource, run_action
 from .host import CommandTimeout, Host
 from .statefile import parse_duration, parse_size
 
@@ -671,12 +671,7 @@ class GpusReconciler(Reconciler):
     def apply(self, host: Host, resource: Resource, action: Action) -> str:
         if action.action == "stop":
             unit = action.params.get("unit") or action.target
-            try:
-                res = host.run(["systemctl", "stop", "--", unit], timeout=STOP_TIMEOUT)
-            except CommandTimeout as exc:
-                raise ApplyError(str(exc)) from None
-            if not res.ok:
-                raise ApplyError(res.brief())
+            run_action(host, ["systemctl", "stop", "--", unit], STOP_TIMEOUT)
             return f"stopped {unit}"
         if action.action == "terminate":
             return self._terminate(host, action.params)

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
-from .host import CommandTimeout, Host, collect_children
+from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource, run_action
+from .host import Host, collect_children
 from .statefile import format_bytes, format_duration, parse_duration, parse_size_or_percent
 
 MOUNTINFO = "/proc/self/mountinfo"
@@ -497,13 +497,7 @@ class MountsReconciler(Reconciler):
             if p.get("options"):
                 argv += ["-o", ",".join(p["options"])]
             argv += ["--source", p["source"], "--target", action.target]
-        try:
-            res = host.run(argv, timeout=MOUNT_TIMEOUT)
-        except CommandTimeout as exc:
-            raise ApplyError(str(exc)) from None
-        if not res.ok:
-            raise ApplyError(res.brief())
-        return (res.stderr.strip() or res.stdout.strip()).replace("\n", "; ")
+        return run_action(host, argv, MOUNT_TIMEOUT)
 
     def summary(self, resource: Resource, observed: MountObserved) -> str:
         m = observed.mount

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
+from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource, run_action
 from .host import CommandTimeout, Host
 
 PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "MainPID", "FragmentPath")
@@ -516,13 +516,7 @@ class UnitsReconciler(Reconciler):
         if verb not in ("start", "stop", "enable", "disable", "mask", "unmask"):
             raise ApplyError(f"unknown unit action {verb!r}")
         timeout = STOP_TIMEOUT if verb in ("start", "stop") else CALL_TIMEOUT
-        try:
-            res = host.run(["systemctl", verb, "--", action.target], timeout=timeout)
-        except CommandTimeout as exc:
-            raise ApplyError(str(exc)) from None
-        if not res.ok:
-            raise ApplyError(res.brief())
-        return (res.stderr.strip() or res.stdout.strip()).replace("\n", "; ")
+        return run_action(host, ["systemctl", verb, "--", action.target], timeout)
 
     def summary(self, resource: Resource, observed: UnitObserved) -> str:
         if not observed.exists:
