@@ -128,8 +128,9 @@ def inner_scan(job: dict) -> dict:
     """Time reconcile's extraction scan in-process (no interpreter start-up)."""
     sys.path.insert(0, str(HERE))
     os.environ.update(job["env"])
-    from reconcile.reconcilers.extractions import ExtractionsReconciler, list_tree
-    from reconcile.reconcilers.host import Host
+    from reconcile_host.machines.host import Host
+    from reconcile_host.reconcilers.extractions import ExtractionsReconciler
+    from reconcile_host.reconcilers.extractions.listing import list_tree
 
     rec, host = ExtractionsReconciler(), Host()
     (res,) = rec.resources({"kimi-k25-eagle3": {"dir": job["dir"], "total": job["total"], "verify": job["verify"]}})
@@ -217,25 +218,25 @@ def install_reconcile() -> None:
 
 def reconcile_cmd(use_venv: bool) -> tuple[list[str], str]:
     """The console script a user types: bench/.reconcile's (see install_reconcile), or with
-    --installed the one next to this interpreter, else `python -m reconcile`."""
+    --installed the one next to this interpreter, else `python -m reconcile_host`."""
     script = (RECONCILE_VENV / "bin" if use_venv else Path(sys.executable).parent) / "reconcile"
     if script.is_file():
         return [str(script)], "reconcile (pip install . in bench/.reconcile)" if use_venv else "reconcile"
-    return [sys.executable, "-m", "reconcile"], "python -m reconcile"
+    return [sys.executable, "-m", "reconcile_host"], "python -m reconcile_host"
 
 
 def registered_kinds() -> set[str]:
     sys.path.insert(0, str(ROOT.parent))
     try:
-        from reconcile.reconcilers import REGISTRY
+        from reconcile_host.reconcilers import KINDS
     except ImportError:
         import importlib.util
 
         spec = importlib.util.spec_from_file_location("_registry", ROOT / "reconcilers" / "__init__.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        REGISTRY = mod.REGISTRY  # noqa: N806
-    return set(REGISTRY)
+        KINDS = mod.KINDS  # noqa: N806
+    return set(KINDS)
 
 
 def _ckpt_maker():
@@ -842,7 +843,8 @@ class Bench:
             rows = [(n, v) for n, v in imp.items() if v["depth"] <= 2 and v["cumulative_us"] >= 2000]
             rows.sort(key=lambda nv: nv[1]["order"])
             total = sum(v["cumulative_us"] for v in imp.values() if v["depth"] == 0)
-            lines += ["", f"## reconcile start-up: imports (`python -X importtime -m reconcile diff`, median of 5; "
+            lines += ["", "## reconcile start-up: imports (`python -X importtime -m reconcile_host diff`, "
+                      "median of 5; "
                       f"all imports {total / 1000:.0f} ms; rows ≥ 2 ms, three levels)", "",
                       "| module | cumulative ms | self ms |", "| --- | ---: | ---: |"]
             for n, v in rows:

@@ -11,33 +11,15 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import IO, Any, TypeVar
+
+from ..pipeline.contract import CommandResult, CommandTimeout
+
+__all__ = ["CommandResult", "CommandTimeout", "ForkedChild", "Host", "collect_children", "kill_group"]
 
 K = TypeVar("K")
 # What a child writes for a heartbeat; a pickle (protocol >= 2) never starts with it.
 HEARTBEAT = b"."
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    argv: tuple[str, ...]
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
-
-    def brief(self) -> str:
-        """The command and its first error line, for messages."""
-        err = (self.stderr.strip() or self.stdout.strip()).splitlines()
-        return f"`{' '.join(self.argv)}` exited {self.returncode}" + (f": {err[0]}" if err else "")
-
-
-class CommandTimeout(Exception):
-    pass
 
 
 class ForkedChild:
@@ -219,6 +201,11 @@ class Host:
                 os._exit(0)
         os.close(write_fd)
         return ForkedChild(pid, os.fdopen(read_fd, "rb", buffering=0))
+
+    def collect(self, children: Mapping[K, tuple[ForkedChild, float]],
+                idle: Mapping[K, float] | None = None) -> dict[K, tuple[bytes, bool]]:
+        """Read what forked children (fork_call) wrote, each to its own deadline: collect_children."""
+        return collect_children(children, idle)
 
     def spawn_detached(self, argv: list[str] | tuple[str, ...], log_path: str, cwd: str | None = None) -> int:
         """Start a long-running command detached from us and return its pid, not waiting for it:

@@ -1,6 +1,6 @@
 """Many hosts at once: `reconcile diff|apply --inventory hosts.yaml [--limit PATTERN]`.
 
-Each host is one remote run (reconcilers/remote.py: handshake, state on stdin, JSON back),
+Each host is one remote run (machines/remote.py: handshake, state on stdin, JSON back),
 in a thread of its own since each is a subprocess; a host that fails is an error for that
 host only. Printed at the end, in inventory order: each host's report, then one summary
 table. The exit code is the worst host's: 1 (error) over 2 (drift) over 0.
@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import FORMAT_VERSION, __version__
+from ..pipeline.statefile import StateFileError
+from ..pipeline.statefile.schema import SCHEMA_DIR
 from . import remote
-from .statefile import SCHEMA_DIR, StateFileError
 
 SEVERITY = {0: 0, 2: 1, 1: 2}  # exit code -> how bad
 
@@ -65,7 +66,9 @@ def load_inventory(path: str) -> Inventory:
     """Read and validate; problems as `FILE:LINE:COL: message` lines (StateFileError), like state files."""
     import jsonschema
 
-    from .statefile import _format_checker, _message_for, _parse_yaml, parse_duration
+    from ..pipeline.statefile.positions import parse_yaml
+    from ..pipeline.statefile.schema import format_checker, message_for
+    from ..pipeline.values import parse_duration
 
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -73,12 +76,12 @@ def load_inventory(path: str) -> Inventory:
         raise StateFileError([f"{path}:1:1: no such file"]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise StateFileError([f"{path}:1:1: cannot read: {getattr(exc, 'strerror', None) or exc}"]) from None
-    data, pos = _parse_yaml(text, path)
+    data, pos = parse_yaml(text, path)
     if not isinstance(data, dict):
         raise StateFileError([f"{path}:1:1: expected a mapping with 'version: 1' and 'hosts'"])
     schema = json.loads(Path(SCHEMA_DIR, "inventory.schema.json").read_text())
-    validator = jsonschema.Draft202012Validator(schema, format_checker=_format_checker())
-    found = sorted({_message_for(e, pos) for e in validator.iter_errors(data)})
+    validator = jsonschema.Draft202012Validator(schema, format_checker=format_checker())
+    found = sorted({message_for(e, pos) for e in validator.iter_errors(data)})
     problems = [f"{path}:{line}:{col}: {msg}" for (line, col), msg in found]
     if problems:
         raise StateFileError(problems)
@@ -162,7 +165,7 @@ def run_host(h: InventoryHost, command: str, opts: remote.RemoteOptions, *, dry_
              journal: str | None, lock_timeout: str | None, run_timeout: float) -> HostResult:
     t0 = time.monotonic()
     try:
-        cli_timeout = remote._duration(opts.connect_timeout, "--connect-timeout", remote.DEFAULT_CONNECT_TIMEOUT)
+        cli_timeout = remote.duration_option(opts.connect_timeout, "--connect-timeout", remote.DEFAULT_CONNECT_TIMEOUT)
         # The command line wins over the inventory, which wins over the built-in defaults.
         timeout = cli_timeout if opts.connect_timeout else (h.connect_timeout or remote.DEFAULT_CONNECT_TIMEOUT)
         rcmd = opts.remote_command or h.remote_command
@@ -246,8 +249,8 @@ def summary(results: list[HostResult]) -> dict[str, Any]:
 def render_text(results: list[HostResult], doc: dict[str, Any], verbose: bool) -> str:
     import sys
 
-    from .report import Style
-    from .report import render_text as render_report
+    from ..views.text import Style
+    from ..views.text import render_text as render_report
 
     out = io.StringIO()
     style = Style(sys.stdout)  # colour when the real output is a terminal

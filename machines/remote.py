@@ -38,9 +38,9 @@ HANDSHAKE_GRACE = 30.0
 SERVER_ALIVE_INTERVAL, SERVER_ALIVE_COUNT = 15, 3
 CONTROL_PERSIST = 60
 SSH_OPTS_ENV = "RECONCILE_SSH_OPTS"
-INSTALL_HINT = (f"install it there: python3 -m pip install 'reconcile=={__version__}' "
+INSTALL_HINT = (f"install it there: python3 -m pip install 'reconcile-host=={__version__}' "
                 "(or from a checkout: python3 -m pip install /path/to/reconcile), "
-                "or name it with --remote-command, e.g. --remote-command 'python3 -m reconcile'")
+                "or name it with --remote-command, e.g. --remote-command 'python3 -m reconcile_host'")
 
 
 class RemoteError(Exception):
@@ -355,8 +355,8 @@ class RemoteOptions:
         return bool(self.host or self.via or self.inventory)
 
 
-def _duration(value: str | None, flag: str, default: float) -> float:
-    from .statefile import parse_duration
+def duration_option(value: str | None, flag: str, default: float) -> float:
+    from ..pipeline.values import parse_duration
 
     if value is None:
         return default
@@ -367,7 +367,7 @@ def _duration(value: str | None, flag: str, default: float) -> float:
 
 
 def make_target(opts: RemoteOptions) -> Target:
-    timeout = _duration(opts.connect_timeout, "--connect-timeout", DEFAULT_CONNECT_TIMEOUT)
+    timeout = duration_option(opts.connect_timeout, "--connect-timeout", DEFAULT_CONNECT_TIMEOUT)
     try:
         if opts.host:
             return ssh_target(opts.host, opts.ssh_options, timeout, opts.remote_command)
@@ -378,50 +378,22 @@ def make_target(opts: RemoteOptions) -> Target:
 
 def _is_saved_plan(path: str) -> bool:
     try:
-        from .savedplan import is_saved_plan
+        from ..pipeline.plans import is_saved_plan
     except ImportError:
         return False
     return is_saved_plan(path)
 
 
-def main(command: str, file: str | None, fmt: str, verbose: bool, opts: RemoteOptions, *,
-         dry_run: bool = False, journal: str | None = None, lock_timeout: str | None = None) -> int:
-    """diff / apply with --host, --via or --inventory; returns the exit code."""
-    import click
-
-    from .report import render
-
-    try:
-        if sum(bool(x) for x in (opts.host, opts.via, opts.inventory)) > 1:
-            raise RemoteError("give one of --host, --via and --inventory")
-        unsupported = [k for k, v in opts.extra.items() if v]
-        if unsupported:
-            flags = ", ".join(unsupported)
-            raise RemoteError(f"{flags}: not supported with --host/--via/--inventory")
-        run_timeout = _duration(opts.remote_timeout, "--remote-timeout", 3600.0)
-        if opts.inventory:
-            from .inventory import run_inventory
-
-            if file:
-                raise RemoteError("with --inventory the state files come from the inventory; drop FILE")
-            return run_inventory(command, opts, fmt, verbose, dry_run=dry_run, journal=journal,
-                                 lock_timeout=lock_timeout, run_timeout=run_timeout)
-        if opts.limit or opts.report_dir:
-            raise RemoteError("--limit and --report-dir need --inventory")
-        if command == "apply" and file and file != "-" and _is_saved_plan(file):
-            raise RemoteError(f"{file} is a saved plan: it applies on the host it was made on; "
-                              "give the state file with --host/--via")
-        target = make_target(opts)
-        info = handshake(target)
-        path = resolve_state_file(file, info, target)
-        label = "<stdin>" if path == "-" else path
-        request = Request(command, read_state(path), label, dry_run, journal, lock_timeout, run_timeout)
-        doc = execute(target, request, info)
-    except RemoteError as exc:
-        click.echo(f"reconcile: error: {exc}", err=True)
-        return 1
-    except RemoteFailed as exc:
-        click.echo(exc.stderr, err=True, nl=False)
-        return 1
-    render(doc, fmt, verbose=verbose)
-    return int(doc.get("exit_code", 1))
+def run_on_target(command: str, file: str | None, opts: RemoteOptions, run_timeout: float, *,
+                  dry_run: bool = False, journal: str | None = None,
+                  lock_timeout: str | None = None) -> dict[str, Any]:
+    """diff / apply on the one target of --host or --via: the far side's JSON report."""
+    if command == "apply" and file and file != "-" and _is_saved_plan(file):
+        raise RemoteError(f"{file} is a saved plan: it applies on the host it was made on; "
+                          "give the state file with --host/--via")
+    target = make_target(opts)
+    info = handshake(target)
+    path = resolve_state_file(file, info, target)
+    label = "<stdin>" if path == "-" else path
+    request = Request(command, read_state(path), label, dry_run, journal, lock_timeout, run_timeout)
+    return execute(target, request, info)

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-if TYPE_CHECKING:
-    from .host import Host
+if TYPE_CHECKING:  # the Host interface: kinds are handed one, they never import a door
+    from ..machines.host import Host
 
 
 class Status(str, enum.Enum):
@@ -95,6 +95,29 @@ class ActionResult:
     finished: float = 0.0
 
 
+@dataclass(frozen=True)
+class CommandResult:
+    """What a command run through Host.run gave."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def brief(self) -> str:
+        """The command and its first error line, for messages."""
+        err = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        return f"`{' '.join(self.argv)}` exited {self.returncode}" + (f": {err[0]}" if err else "")
+
+
+class CommandTimeout(Exception):
+    """A command run through Host.run missed its deadline (it was killed)."""
+
+
 class ObserveError(Exception):
     """The host could not tell us the state of a resource: never read as 'absent' or 'inactive'."""
 
@@ -106,8 +129,6 @@ class ApplyError(Exception):
 def run_action(host: Host, argv: Sequence[str], timeout: float) -> str:
     """Run the command that carries out an action (`systemctl stop`, `mount`): its output on
     one line, or ApplyError when it misses its deadline or exits non-zero."""
-    from .host import CommandTimeout
-
     try:
         res = host.run(list(argv), timeout=timeout)
     except CommandTimeout as exc:

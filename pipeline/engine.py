@@ -15,8 +15,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import ID_PREFIXES, reconciler_for
-from .base import (
+from ..machines.host import HEARTBEAT, ForkedChild, Host, collect_children
+from ..reconcilers import key_of, reconciler_for
+from .contract import (
     Action,
     ActionResult,
     ApplyError,
@@ -31,8 +32,9 @@ from .base import (
     to_plain,
     utc_iso,
 )
-from .host import HEARTBEAT, ForkedChild, Host, collect_children
-from .statefile import LoadedState, format_duration
+from .report import ResourceReport, RunReport
+from .statefile import LoadedState
+from .values import format_duration
 
 # A resource is worked on in passes (plan, act, observe) until nothing is left to do,
 # like a controller requeueing: some fixes only show their next step once the first is
@@ -40,51 +42,6 @@ from .statefile import LoadedState, format_duration
 # as before stops the loop: no progress is not retried.
 MAX_PASSES = 3
 SETTLE_POLL = 0.25
-
-
-@dataclass(frozen=True)
-class ResourceReport:
-    resource: Resource
-    status: Status
-    drift: tuple[Drift, ...] = ()
-    actions: tuple[ActionResult, ...] = ()
-    message: str = ""
-    observed: Any = None
-    summary: str = ""
-
-    @property
-    def changed(self) -> bool:
-        return any(a.result is Result.DONE for a in self.actions)
-
-
-@dataclass(frozen=True)
-class RunReport:
-    command: str
-    state_file: str
-    host: str
-    resources: tuple[ResourceReport, ...]
-    host_pattern: str | None = None
-    host_matches: bool = True
-    dry_run: bool = False
-    started: float = 0.0
-    finished: float = 0.0
-    notes: tuple[str, ...] = ()
-
-    def count(self, status: Status) -> int:
-        return sum(1 for r in self.resources if r.status is status)
-
-    @property
-    def actions_done(self) -> int:
-        return sum(1 for r in self.resources for a in r.actions if a.result is Result.DONE)
-
-    @property
-    def exit_code(self) -> int:
-        """0 converged, 1 error, 2 drift remains (diff: any drift at all)."""
-        statuses = {r.status for r in self.resources}
-        if Status.ERROR in statuses:
-            return 1
-        settled = {Status.OK} if self.command == "diff" or self.dry_run else {Status.OK, Status.CONVERGING}
-        return 0 if statuses <= settled else 2
 
 
 class HostMismatch(Exception):
@@ -188,7 +145,9 @@ class Engine:
         self.ctx = Context(resources=state.by_id)
 
     def reconciler(self, resource: Resource) -> Reconciler:
-        key = ID_PREFIXES[resource.kind]
+        key = key_of(resource.kind)
+        if key is None:
+            raise KeyError(f"no kind {resource.kind!r} in the registry (reconcilers/__init__.py)")
         if key not in self._reconcilers:
             self._reconcilers[key] = reconciler_for(key)
         return self._reconcilers[key]
@@ -456,7 +415,6 @@ class Engine:
                 "before": before,
                 "after": after,
             })
-
 
 
 @dataclass

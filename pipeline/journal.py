@@ -14,14 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .base import utc_iso
-
-
-def default_journal_path() -> Path:
-    if os.geteuid() == 0:
-        return Path("/var/lib/reconcile/journal.jsonl")
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "reconcile" / "journal.jsonl"
+from .contract import utc_iso
+from .paths import default_journal_path
 
 
 class Journal:
@@ -31,7 +25,7 @@ class Journal:
     @classmethod
     def at(cls, path: str | os.PathLike | None) -> Journal:
         """The journal at PATH (`--journal`), else the default one."""
-        return cls(Path(path) if path else default_journal_path())
+        return cls(Path(path or default_journal_path()))
 
     @property
     def lock_path(self) -> Path:

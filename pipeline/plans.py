@@ -33,11 +33,14 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .report import RunReport
 
 from .. import FORMAT_VERSION, __version__
-from .base import utc_iso
-from .report import format_value
+from .contract import utc_iso
+from .values import format_value
 
 PLAN_FORMAT = "1"
 _SNIFF_BYTES = 4096
@@ -50,12 +53,12 @@ class PlanError(Exception):
 # --- fingerprints ----------------------------------------------------------------------
 
 def _volatile(kind: str) -> tuple[str, ...]:
-    from . import ID_PREFIXES, reconciler_for
+    from ..reconcilers import key_of, reconciler_class
 
-    key = ID_PREFIXES.get(kind)
+    key = key_of(kind)
     if key is None:
         return ()
-    return tuple(getattr(reconciler_for(key), "volatile_drift", ()))
+    return tuple(getattr(reconciler_class(key), "volatile_drift", ()))
 
 
 def _canonical(value: Any) -> str:
@@ -213,14 +216,14 @@ def allowed_actions(plan: Mapping[str, Any]) -> dict[str, set[tuple[str, str]]]:
 
 # --- applying ----------------------------------------------------------------------------
 
-def apply_saved_plan(path: str, *, fmt: str = "text", verbose: bool = False, dry_run: bool = False,
-                     journal_path: str | None = None, lock_wait: float = 0.0) -> int:
-    """Check the plan still holds, then carry out its actions and nothing else. Returns the exit code;
-    raises PlanError (exit 1) when the plan is refused."""
+def apply_saved_plan(path: str, *, dry_run: bool = False, journal_path: str | None = None,
+                     lock_wait: float = 0.0) -> RunReport:
+    """Check the plan still holds, then carry out its actions and nothing else. Returns the run's
+    report; raises PlanError (exit 1) when the plan is refused."""
+    from ..machines.host import Host
     from .engine import Engine, HostMismatch
-    from .host import Host
     from .journal import Journal, LockError
-    from .report import render, to_json
+    from .report import to_json
     from .statefile import StateFileError, load
 
     plan = load_plan(path)
@@ -269,5 +272,4 @@ def apply_saved_plan(path: str, *, fmt: str = "text", verbose: bool = False, dry
     finally:
         if lock is not None:
             lock.release()
-    render(report, fmt, verbose=verbose)
-    return report.exit_code
+    return report

@@ -169,7 +169,7 @@ def test_pre_commit_hook_blocks_a_bad_state_file(tmp_path):
 
 def test_post_merge_hook_applies_the_pulled_state(nsystemd, cli):  # noqa: F811
     env = {**cli_env(cli.tmp), "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
-           "RECONCILE": f"{sys.executable} -m reconcile",
+           "RECONCILE": f"{sys.executable} -m reconcile_host",
            "RECONCILE_APPLY_ARGS": f"--journal {cli.journal}"}
     nsystemd.set_hostname("kpro6-ct129")
     nsystemd.write_unit("t-pm.service", service("pm"))

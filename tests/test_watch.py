@@ -12,8 +12,8 @@ import sys
 
 from cli_support import cli_env, reconcile_argv
 from gitops_support import REPO, cli, is_active, service, wait_for  # noqa: F401  (cli: fixture)
-from reconcile.reconcilers.journal import Journal, Lock
-from reconcile.reconcilers.watch import Watcher, backoff
+from reconcile_host.pipeline.journal import Journal, Lock
+from reconcile_host.pipeline.watch import Watcher, backoff
 
 # --- the loop, without a host ---------------------------------------------------------------
 
@@ -89,7 +89,7 @@ WATCH = "t-reconcile-watch.service"
 def watch_unit(tmp, state, journal, log) -> str:
     """contrib/reconcile-watch.service as shipped, pointed at the test's files."""
     text = (REPO / "contrib" / "reconcile-watch.service").read_text()
-    argv = " ".join([sys.executable, "-m", "reconcile", "watch", str(state), "--interval", "1s",
+    argv = " ".join([sys.executable, "-m", "reconcile_host", "watch", str(state), "--interval", "1s",
                      "--journal", str(journal)])
     text, n = re.subn(r"^ExecStart=.*$", f"ExecStart={argv}", text, flags=re.M)
     assert n == 1

@@ -21,7 +21,7 @@ import time
 import xml.etree.ElementTree as ET
 from typing import IO, Any
 
-from .report import format_value
+from ..pipeline.values import format_value
 
 # Not allowed anywhere in an XML 1.0 document, not even as character references.
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")

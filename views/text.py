@@ -1,66 +1,13 @@
-"""Renderers of one RunReport: a Terraform-plan-like text, the JSON contract, JUnit XML."""
+"""The text view: a Terraform-plan-like report, coloured only on a terminal."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from typing import IO, Any
 
-from .. import FORMAT_VERSION, __version__
-from .base import Result, Status, to_plain
-from .engine import ResourceReport, RunReport
+from ..pipeline.report import STATUSES
+from ..pipeline.values import format_value
 
-STATUSES = [s.value for s in Status]
-
-
-# --- JSON ----------------------------------------------------------------------------
-
-def resource_json(rr: ResourceReport) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": rr.resource.id,
-        "kind": rr.resource.kind,
-        "status": rr.status.value,
-        "drift": [d.to_json() for d in rr.drift],
-        "actions": [
-            {**a.action.to_json(), "result": a.result.value, **({"message": a.message} if a.message else {})}
-            for a in rr.actions
-        ],
-        "message": rr.message,
-    }
-    if rr.summary:
-        out["summary"] = rr.summary
-    if rr.resource.needs:
-        out["needs"] = list(rr.resource.needs)
-    if rr.observed is not None:
-        out["observed"] = to_plain(rr.observed)
-    return out
-
-
-def to_json(report: RunReport) -> dict[str, Any]:
-    summary: dict[str, int] = {s: report.count(Status(s)) for s in STATUSES}
-    summary["actions_planned"] = sum(1 for r in report.resources for a in r.actions if a.result is Result.PLANNED)
-    summary["actions_done"] = report.actions_done
-    summary["actions_failed"] = sum(1 for r in report.resources for a in r.actions if a.result is Result.FAILED)
-    return {
-        "format_version": FORMAT_VERSION,
-        "reconcile_version": __version__,
-        "command": report.command,
-        "dry_run": report.dry_run,
-        "state_file": report.state_file,
-        "host": report.host,
-        "host_pattern": report.host_pattern,
-        "host_matches": report.host_matches,
-        "started": report.started,
-        "duration_s": round(report.finished - report.started, 3),
-        "exit_code": report.exit_code,
-        "resources": [resource_json(r) for r in report.resources],
-        "summary": summary,
-        "notes": list(report.notes),
-    }
-
-
-# --- text ----------------------------------------------------------------------------
 
 class Style:
     """ANSI colour only on a terminal, never with NO_COLOR set (https://no-color.org)."""
@@ -88,15 +35,6 @@ SIGILS = {
 }
 RESULT_MARK = {"planned": "→", "done": "✓", "failed": "✗", "skipped": "-"}
 RESULT_COLOUR = {"done": "green", "failed": "red", "skipped": "dim"}
-
-
-def format_value(v: Any) -> str:
-    """A want/have value as the reports print it: true/false/null like the state file."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    return str(v)
 
 
 def _plural(n: int, word: str) -> str:
@@ -154,18 +92,3 @@ def render_text(doc: dict[str, Any], out: IO[str], verbose: bool = False, style:
     else:
         verdict = "No actions planned."
     out.write(s(verdict, "bold") + f" {counts}.\n")
-
-
-def render(report: RunReport | dict[str, Any], fmt: str, out: IO[str] | None = None, verbose: bool = False) -> None:
-    """Render a report (or its JSON form, e.g. received from a remote host) in `fmt`."""
-    out = out or sys.stdout
-    doc = report if isinstance(report, dict) else to_json(report)
-    if fmt == "json":
-        json.dump(doc, out, indent=2)
-        out.write("\n")
-    elif fmt == "junit":
-        from .junit import render_junit
-
-        render_junit(doc, out)
-    else:
-        render_text(doc, out, verbose=verbose)

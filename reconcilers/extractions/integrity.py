@@ -205,3 +205,22 @@ def check_gzip(fh: BinaryIO, size: int, inner: str) -> str | None:
     if any(i.header_offset + i.compress_size > total for i in zf.infolist()):
         return "gzip content: an entry ends beyond the end of the content"
     return None
+
+
+def check(path: str, verify: str):
+    """(reason or None, stat or None when the file vanished)."""
+    if verify == "none":
+        try:
+            return None, os.stat(path)
+        except FileNotFoundError:
+            return None, None
+    try:
+        return check_file(path, deep=verify == "all")
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None, None
+        return f"unreadable: {exc.strerror}", st

@@ -15,18 +15,33 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource, run_action
-from .host import CommandTimeout, Host
-from .statefile import parse_duration, parse_size
+from ...pipeline.contract import (
+    Action,
+    ApplyError,
+    CommandTimeout,
+    Context,
+    Drift,
+    ObserveError,
+    Plan,
+    Reconciler,
+    Resource,
+    run_action,
+)
+from ...pipeline.values import parse_duration, parse_size
+from .nvml import NvmlUnavailable, nvml_observe
+from .observed import MIB, Gpu, GpusObserved, GpuUse, Holder
+from .procfs import DEFAULT_DEV_GLOB, DEV_GLOB_ENV, DEV_GPU_RE, EXCLUDED_NAMES, proc_info, scan_device_holders
+from .smi import SMI_APP_FIELDS, SMI_GPU_FIELDS, SMI_REMAP_FIELDS, parse_smi_apps, parse_smi_gpus
+from .xid import KERNEL_LOG_ENV, parse_xids
 
-MIB = 2**20
+if TYPE_CHECKING:
+    from ...machines.host import Host
+
 DEFAULT_SETTLE = 30.0
 # NVML calls can block for minutes on a wedged driver or a GPU fallen off the bus; the GPUs
 # are read in a child the engine abandons after this long (`observe_timeout`).
@@ -35,360 +50,6 @@ DEFAULT_GRACE = 10.0
 KILL_WAIT = 5.0  # after SIGKILL: a process stuck in D-state may take a moment; longer means trouble
 STOP_TIMEOUT = 120.0
 SMI_TIMEOUT = 30.0
-
-# Processes that hold /dev/nvidia* by design (monitoring, persistence): never holders.
-EXCLUDED_NAMES = frozenset({"nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nvidia-smi"})
-# Application Xids (k8s-device-plugin's list): the process's fault, not the GPU's.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
-# Test/diagnostic knobs: where the GPU device files are, and a kernel log to read instead of dmesg.
-DEV_GLOB_ENV = "RECONCILE_NVIDIA_DEV_GLOB"
-KERNEL_LOG_ENV = "RECONCILE_KERNEL_LOG"
-DEFAULT_DEV_GLOB = "/dev/nvidia*"
-
-SMI_GPU_FIELDS = ("index,name,uuid,pci.bus_id,memory.total,memory.used,temperature.gpu,power.draw,"
-                  "ecc.errors.uncorrected.volatile.total,retired_pages.pending")
-SMI_REMAP_FIELDS = "uuid,remapped_rows.pending,remapped_rows.failure"
-SMI_APP_FIELDS = "gpu_uuid,pid,process_name,used_memory"
-
-_XID_RE = re.compile(r"NVRM: Xid \((PCI:[^)]*)\): (\d+),?\s*(.*)")
-_DEV_GPU_RE = re.compile(r"nvidia(\d+)$")
-
-
-# --- observed state --------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    name: str
-    uuid: str
-    bus_id: str
-    memory_total: int  # bytes
-    memory_used: int  # bytes (NVML v2 `used` where the driver has it: excludes the driver's reservation)
-    temperature_c: int | None = None
-    power_w: float | None = None
-    ecc_uncorrected_volatile: int | None = None  # None: not supported / unknown
-    retired_pages_pending: bool | None = None
-    remapped_rows_pending: bool | None = None
-    remapped_rows_failure: bool | None = None
-    health: str = "unknown"  # healthy, unhealthy, unknown
-    problems: tuple[str, ...] = ()
-    minor: int | None = None  # /dev/nvidiaN
-
-
-@dataclass(frozen=True)
-class GpuUse:
-    gpu: int  # NVML index
-    used_bytes: int | None  # None: not reported (a device-file holder, N/A)
-
-
-@dataclass(frozen=True)
-class Holder:
-    """A process that holds GPU memory (NVML) or a GPU device file (/proc/PID/fd)."""
-
-    pid: int
-    name: str  # /proc/PID/comm ("" when the process is not visible from here)
-    exe: str = ""  # basename of argv[0]
-    unit: str | None = None  # the system service it belongs to (/proc/PID/cgroup)
-    starttime: int | None = None  # /proc/PID/stat field 22: guards against a reused PID
-    uses: tuple[GpuUse, ...] = ()
-    device_files: tuple[str, ...] = ()
-    visible: bool = True  # False: NVML names a PID this /proc does not show (another PID namespace)
-
-    def label(self) -> str:
-        return f"{self.pid} ({self.name or '?'})"
-
-
-@dataclass(frozen=True)
-class GpusObserved:
-    source: str  # "nvml" or "nvidia-smi"
-    driver_version: str
-    gpus: tuple[Gpu, ...]
-    holders: tuple[Holder, ...] = ()
-    xids: tuple[str, ...] = ()  # critical Xid errors in the kernel log since boot
-    notes: tuple[str, ...] = ()
-
-
-def health_of(ecc: int | None, retired: bool | None, remap_pending: bool | None,
-              remap_failure: bool | None, extra: Sequence[str] = ()) -> tuple[str, tuple[str, ...]]:
-    """DCGM's memory health watch: volatile uncorrected ECC, pending retirement, row remap pending/failure."""
-    problems = list(extra)
-    if ecc:
-        problems.append(f"{ecc} volatile uncorrected ECC error{'s' if ecc != 1 else ''}")
-    if retired:
-        problems.append("retired pages pending (needs a reset)")
-    if remap_pending:
-        problems.append("row remapping pending (needs a reset)")
-    if remap_failure:
-        problems.append("row remapping failed")
-    if problems:
-        return "unhealthy", tuple(problems)
-    if None in (ecc, retired) and None in (remap_pending, remap_failure):
-        return "unknown", ()
-    return "healthy", ()
-
-
-# --- reading /proc -------------------------------------------------------------------------
-
-def unit_of_cgroup(text: str) -> str | None:
-    """The system service of a /proc/PID/cgroup text, or None (scopes, user managers, no unit)."""
-    path = None
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if parts[1] == "name=systemd":
-            path = parts[2]
-            break
-        if parts[0] == "0" and parts[1] == "":
-            path = parts[2]  # unified hierarchy; a v1 name=systemd line wins if present
-    if not path:
-        return None
-    for comp in path.split("/"):
-        if comp.endswith(".service"):
-            # user@UID.service is a user's whole session manager: never "the holder's unit".
-            return None if comp.startswith("user@") else comp
-    return None
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return None
-
-
-def _proc_info(pid: int) -> dict[str, Any] | None:
-    stat = _read(f"/proc/{pid}/stat")
-    if stat is None:
-        return None
-    try:
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] in ("Z", "X"):
-            return None  # a zombie holds nothing any more
-        starttime = int(fields[19])
-    except (IndexError, ValueError):
-        return None
-    comm = (_read(f"/proc/{pid}/comm") or "").strip()
-    argv0 = (_read(f"/proc/{pid}/cmdline") or "").split("\0", 1)[0]
-    return {"name": comm, "exe": os.path.basename(argv0), "starttime": starttime,
-            "unit": unit_of_cgroup(_read(f"/proc/{pid}/cgroup") or "")}
-
-
-def scan_device_holders(pattern: str) -> dict[int, tuple[str, ...]]:
-    """PID -> the device files matching PATTERN it has open, from /proc/PID/fd links (what fuser does;
-    psutil's open_files() leaves device nodes out)."""
-    found: dict[int, tuple[str, ...]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        fd_dir = f"/proc/{entry}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        files = set()
-        for fd in fds:
-            try:
-                target = os.readlink(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            if fnmatch.fnmatchcase(target, pattern):
-                files.add(target)
-        if files:
-            found[int(entry)] = tuple(sorted(files))
-    return found
-
-
-def parse_xids(text: str) -> tuple[str, ...]:
-    """Critical Xid lines of a kernel log (application Xids left out), one entry per distinct error."""
-    seen: dict[str, None] = {}
-    for line in text.splitlines():
-        m = _XID_RE.search(line)
-        if not m or int(m.group(2)) in APPLICATION_XIDS:
-            continue
-        detail = m.group(3).strip()
-        detail = re.sub(r"^pid=[^,]*,\s*(name=[^,]*,\s*)?", "", detail)
-        seen[f"Xid {m.group(2)} on {m.group(1)}" + (f": {detail}" if detail else "")] = None
-    return tuple(seen)[:20]
-
-
-# --- nvidia-smi ------------------------------------------------------------------------------
-
-def _smi_value(v: str) -> str | None:
-    v = v.strip()
-    return None if not v or v.startswith("[") or v in ("N/A", "Not Supported") else v
-
-
-def _smi_int(v: str) -> int | None:
-    s = _smi_value(v)
-    try:
-        return int(float(s)) if s is not None else None
-    except ValueError:
-        return None
-
-
-def _smi_bool(v: str) -> bool | None:
-    s = _smi_value(v)
-    if s is None:
-        return None
-    return s.lower() in ("yes", "1", "true", "enabled")
-
-
-def parse_smi_gpus(csv: str, remap_csv: str = "") -> list[Gpu]:
-    """`nvidia-smi --query-gpu=SMI_GPU_FIELDS --format=csv,noheader,nounits` (MiB, W, C)."""
-    remap: dict[str, tuple[bool | None, bool | None]] = {}
-    for line in remap_csv.splitlines():
-        cols = [c.strip() for c in line.split(",")]
-        if len(cols) == 3:
-            remap[cols[0]] = (_smi_bool(cols[1]), _smi_bool(cols[2]))
-    gpus = []
-    for line in csv.splitlines():
-        if not line.strip():
-            continue
-        cols = [c.strip() for c in line.split(",")]
-        if len(cols) != 10:
-            raise ObserveError(f"unexpected nvidia-smi output line: {line.strip()!r}")
-        idx, name, uuid, bus, total, used, temp, power, ecc, retired = cols
-        power_v = _smi_value(power)
-        ecc_v, retired_v = _smi_int(ecc), _smi_bool(retired)
-        pend, fail = remap.get(uuid, (None, None))
-        health, problems = health_of(ecc_v, retired_v, pend, fail)
-        gpus.append(Gpu(
-            index=int(idx), name=name, uuid=uuid, bus_id=bus,
-            memory_total=(_smi_int(total) or 0) * MIB, memory_used=(_smi_int(used) or 0) * MIB,
-            temperature_c=_smi_int(temp), power_w=float(power_v) if power_v else None,
-            ecc_uncorrected_volatile=ecc_v, retired_pages_pending=retired_v,
-            remapped_rows_pending=pend, remapped_rows_failure=fail, health=health, problems=problems,
-            minor=int(idx),
-        ))
-    return gpus
-
-
-def parse_smi_apps(csv: str, index_of_uuid: Mapping[str, int]) -> dict[int, list[GpuUse]]:
-    """`--query-compute-apps=gpu_uuid,pid,process_name,used_memory` -> PID -> uses."""
-    uses: dict[int, list[GpuUse]] = {}
-    for line in csv.splitlines():
-        cols = [c.strip() for c in line.split(",")]
-        if len(cols) < 4 or not cols[1].isdigit():
-            continue
-        gpu = index_of_uuid.get(cols[0])
-        if gpu is None:
-            continue
-        mib = _smi_int(cols[-1])
-        uses.setdefault(int(cols[1]), []).append(GpuUse(gpu, mib * MIB if mib is not None else None))
-    return uses
-
-
-# --- NVML ------------------------------------------------------------------------------------
-
-class _NvmlUnavailable(Exception):
-    pass
-
-
-def _nvml_observe() -> tuple[str, list[Gpu], dict[int, list[GpuUse]], list[str]]:
-    try:
-        import pynvml
-    except ImportError as exc:
-        raise _NvmlUnavailable(f"pynvml not installed ({exc})") from None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        raise _NvmlUnavailable(str(exc)) from None
-    try:
-        return _nvml_read(pynvml)
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
-
-
-def _nvml_read(nv: Any) -> tuple[str, list[Gpu], dict[int, list[GpuUse]], list[str]]:
-    fatal: list[str] = []  # of the GPU being read: lost or needing a reset
-
-    def q(fn: Callable, *args: Any) -> tuple[Any, str | None]:
-        """(value, None), or (None, None) when not supported, or (None, the error)."""
-        try:
-            return fn(*args), None
-        except nv.NVMLError_NotSupported:
-            return None, None
-        except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired) as exc:
-            fatal.append(f"NVML: {exc}")
-            return None, str(exc)
-        except nv.NVMLError as exc:
-            return None, str(exc)
-
-    driver, _ = q(nv.nvmlSystemGetDriverVersion)
-    try:
-        count = nv.nvmlDeviceGetCount()
-    except nv.NVMLError as exc:
-        raise ObserveError(f"NVML cannot count GPUs: {exc}") from None
-    gpus: list[Gpu] = []
-    uses: dict[int, list[GpuUse]] = {}
-    notes: list[str] = []
-    for i in range(count):
-        fatal.clear()
-        try:
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-        except nv.NVMLError as exc:
-            # A GPU that fell off the bus still counts as present and is reported unhealthy.
-            gpus.append(Gpu(i, "?", "?", "?", 0, 0, health="unhealthy", problems=(f"NVML: {exc}",)))
-            continue
-        errors: list[str] = []
-        name, _ = q(nv.nvmlDeviceGetName, h)
-        uuid, _ = q(nv.nvmlDeviceGetUUID, h)
-        pci, _ = q(nv.nvmlDeviceGetPciInfo, h)
-        minor, _ = q(nv.nvmlDeviceGetMinorNumber, h)
-        try:
-            mem = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
-        except (nv.NVMLError_FunctionNotFound, nv.NVMLError_NotSupported, nv.NVMLError_ArgumentVersionMismatch):
-            mem, err = q(nv.nvmlDeviceGetMemoryInfo, h)  # drivers < 515: v1 counts the reservation as used
-            if err:
-                errors.append(f"memory info: {err}")
-        except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired) as exc:
-            mem = None
-            fatal.append(f"NVML: {exc}")
-        except nv.NVMLError as exc:
-            mem = None
-            errors.append(f"memory info: {exc}")
-        temp, _ = q(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
-        power, _ = q(nv.nvmlDeviceGetPowerUsage, h)
-        ecc, _ = q(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
-        retired, _ = q(nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
-        remap, _ = q(nv.nvmlDeviceGetRemappedRows, h)
-        pend, fail = (bool(remap[2]), bool(remap[3])) if remap else (None, None)
-        for kind in ("Compute", "Graphics"):
-            procs, err = None, None
-            for suffix in ("_v3", "_v2"):  # _v3 from driver 510.39 on
-                fn = getattr(nv, f"nvmlDeviceGet{kind}RunningProcesses{suffix}")
-                try:
-                    procs = fn(h)
-                    break
-                except nv.NVMLError_FunctionNotFound:
-                    continue
-                except nv.NVMLError_NotSupported:
-                    break
-                except nv.NVMLError as exc:
-                    err = str(exc)
-                    break
-            if err:
-                errors.append(f"{kind.lower()} processes: {err}")
-            for p in procs or ():
-                uses.setdefault(int(p.pid), []).append(GpuUse(i, p.usedGpuMemory))
-        health, problems = health_of(ecc, None if retired is None else bool(retired), pend, fail, tuple(fatal))
-        gpus.append(Gpu(
-            index=i, name=name or "?", uuid=uuid or "?",
-            bus_id=(pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)) if pci else "?",
-            memory_total=int(mem.total) if mem else 0, memory_used=int(mem.used) if mem else 0,
-            temperature_c=temp, power_w=round(power / 1000, 1) if power is not None else None,
-            ecc_uncorrected_volatile=ecc, retired_pages_pending=None if retired is None else bool(retired),
-            remapped_rows_pending=pend, remapped_rows_failure=fail, health=health, problems=problems,
-            minor=minor,
-        ))
-        # Queries that failed (not merely unsupported) are notes, never a crash.
-        notes.extend(f"GPU {i}: could not read {e}" for e in errors)
-    return driver or "?", gpus, uses, notes
 
 
 # --- plan helpers (pure) ------------------------------------------------------------------------
@@ -472,10 +133,10 @@ class GpusReconciler(Reconciler):
     def _observe(self, host: Host) -> GpusObserved:
         notes: list[str] = []
         try:
-            driver, gpus, uses, nvml_notes = _nvml_observe()
+            driver, gpus, uses, nvml_notes = nvml_observe()
             source = "nvml"
             notes.extend(nvml_notes)
-        except _NvmlUnavailable as nvml_error:
+        except NvmlUnavailable as nvml_error:
             source = "nvidia-smi"
             driver, gpus, uses = self._smi_observe(host, str(nvml_error))
             notes.append(f"NVML unavailable ({nvml_error}): read through nvidia-smi")
@@ -517,7 +178,7 @@ class GpusReconciler(Reconciler):
         for pid in sorted(set(uses) | set(devices)):
             if pid == me:
                 continue
-            info = _proc_info(pid)
+            info = proc_info(pid)
             if info is not None and info["name"] in EXCLUDED_NAMES:
                 continue
             if info is None and pid not in uses:
@@ -525,7 +186,7 @@ class GpusReconciler(Reconciler):
             pid_uses = list(uses.get(pid, ()))
             nvml_gpus = {u.gpu for u in pid_uses}
             for path in devices.get(pid, ()):
-                m = _DEV_GPU_RE.search(path)
+                m = DEV_GPU_RE.search(path)
                 gpu = by_minor.get(int(m.group(1))) if m else None
                 if gpu is not None and gpu not in nvml_gpus:
                     pid_uses.append(GpuUse(gpu, None))
@@ -683,7 +344,7 @@ class GpusReconciler(Reconciler):
         grace = float(params.get("grace", DEFAULT_GRACE))
 
         def same_process() -> bool:
-            info = _proc_info(pid)
+            info = proc_info(pid)
             return info is not None and (params.get("starttime") is None or info["starttime"] == params["starttime"])
 
         def gone_within(seconds: float) -> float | None:

@@ -17,205 +17,33 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import posixpath
-import re
-import stat
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any
 
-from .base import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource, run_action
-from .host import Host, collect_children
-from .statefile import format_bytes, format_duration, parse_duration, parse_size_or_percent
+from ...pipeline.contract import (
+    Action,
+    ApplyError,
+    Context,
+    Drift,
+    ObserveError,
+    Plan,
+    Reconciler,
+    Resource,
+    run_action,
+)
+from ...pipeline.values import format_bytes, format_duration, parse_duration, parse_size_or_percent
+from .observed import MountObserved, ResolvedSource, Space
+from .probe import PROBE_PREFIX, TAG_DIRS, probe_mount
+from .tables import find_fstab, find_mount, norm_path, parse_fstab, parse_mountinfo
+
+if TYPE_CHECKING:
+    from ...machines.host import Host
 
 MOUNTINFO = "/proc/self/mountinfo"
 FSTAB = "/etc/fstab"
 DEFAULT_PROBE_TIMEOUT = 5.0
 MOUNT_TIMEOUT = 60.0
-PROBE_PREFIX = ".reconcile-probe."  # name of the temporary file the write probe creates and removes
-
-# udev's links for the source forms mount(8) accepts besides device paths.
-TAG_DIRS = {"UUID": "by-uuid", "LABEL": "by-label", "PARTUUID": "by-partuuid", "PARTLABEL": "by-partlabel"}
-
-# --- the child: everything that touches a possibly hung filesystem ------------------------
-# Runs in a forked child (Host.fork_call); writes "statvfs done" and then one JSON object.
-
-def _resolve_source(src: str) -> dict[str, Any]:
-    path = src
-    tag, sep, value = src.partition("=")
-    if sep and tag in TAG_DIRS:
-        # udev escapes these in link names (libblkid's blkid_encode_string)
-        value = value.replace("\\", "\\x5c").replace("/", "\\x2f").replace(" ", "\\x20")
-        path = f"/dev/disk/{TAG_DIRS[tag]}/{value}"
-    if not path.startswith("/dev/"):
-        return {"given": src, "path": src, "devno": None, "note": ""}
-    if not os.path.exists(path):
-        return {"given": src, "path": None, "devno": None, "note": f"{path} does not exist"}
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    devno = f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" if stat.S_ISBLK(st.st_mode) else None
-    return {"given": src, "path": real, "devno": devno, "note": ""}
-
-
-def probe_mount(req: dict[str, Any], out: IO[bytes]) -> None:
-    """statvfs, the write probe and source resolution for one mount; the answer goes to `out`."""
-    answer: dict[str, Any] = {"sources": [_resolve_source(s) for s in req["resolve"]]}
-    path = req["path"]
-    if req["stat"]:
-        try:
-            st = os.statvfs(path)
-            answer["space"] = {"total_bytes": st.f_blocks * st.f_frsize, "free_bytes": st.f_bavail * st.f_frsize,
-                               "total_inodes": st.f_files, "free_inodes": st.f_favail}
-        except OSError as exc:
-            answer["error"] = f"statvfs {path}: {exc.strerror}"
-    if req["probe"] and "error" not in answer:
-        out.write(b"statvfs done\n")  # lets the parent tell which step hung
-        name = os.path.join(path, req["prefix"] + str(os.getpid()))
-        try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, b"reconcile write probe\n")
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-                os.unlink(name)
-            answer["writable"] = True
-        except OSError as exc:
-            answer["writable"] = False
-            answer["write_error"] = f"{exc.strerror} ({name})"
-    out.write(json.dumps(answer).encode() + b"\n")
-
-
-# --- observations ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class MountInfo:
-    """One line of /proc/self/mountinfo (see proc(5))."""
-
-    mount_id: int
-    parent_id: int
-    devno: str  # major:minor of the filesystem (st_dev)
-    root: str  # the directory of the filesystem mounted here ("/" unless a bind mount of a subtree)
-    mount_point: str
-    options: tuple[str, ...]  # per-mount options: rw/ro, nosuid, relatime, ...
-    fstype: str
-    source: str
-    super_options: tuple[str, ...]  # per-filesystem options: rw/ro, size=..., ...
-
-    @property
-    def all_options(self) -> tuple[str, ...]:
-        return self.options + tuple(o for o in self.super_options if o not in self.options)
-
-    @property
-    def read_only(self) -> bool:
-        # Either level can make it read-only: `mount -o remount,bind,ro` or a ro superblock.
-        return "ro" in self.options or "ro" in self.super_options
-
-
-@dataclass(frozen=True)
-class FstabEntry:
-    source: str
-    mount_point: str
-    fstype: str
-    options: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ResolvedSource:
-    given: str  # as written: /dev/nvme1n1, UUID=..., LABEL=..., tmpfs, server:/export
-    path: str | None  # the device it names (symlinks resolved), the text itself for non-devices
-    devno: str | None  # major:minor when it is a block device
-    note: str = ""  # why it could not be resolved
-
-
-@dataclass(frozen=True)
-class Space:
-    total_bytes: int  # f_blocks * f_frsize
-    free_bytes: int  # f_bavail * f_frsize: what df calls Avail (without root-reserved blocks)
-    total_inodes: int  # f_files (0: the filesystem has no fixed inode count)
-    free_inodes: int  # f_favail
-
-
-@dataclass(frozen=True)
-class MountObserved:
-    path: str
-    mount: MountInfo | None  # the topmost mount at path, None when not mounted
-    fstab: FstabEntry | None
-    space: Space | None = None
-    writable: bool | None = None  # the write probe's verdict; None when not probed
-    write_error: str = ""
-    sources: tuple[ResolvedSource, ...] = ()  # declared, mounted and fstab sources, resolved
-
-    def resolved(self, given: str | None) -> ResolvedSource | None:
-        return next((s for s in self.sources if s.given == given), None)
-
-
-# --- parsing (pure) ---------------------------------------------------------------------
-
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def unescape(field: str) -> str:
-    r"""The kernel writes space, tab, newline and backslash as \040 \011 \012 \134."""
-    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
-
-
-def parse_mountinfo(text: str) -> list[MountInfo]:
-    """`id parent maj:min root mountpoint opts [optional...] - fstype source superopts`, in mount order.
-    The optional fields vary in number, so split on the ' - ' separator (a space inside a field
-    is always escaped)."""
-    entries = []
-    for line in text.splitlines():
-        head, sep, tail = line.partition(" - ")
-        if not sep:
-            continue
-        left, right = head.split(), tail.split()
-        if len(left) < 6 or len(right) < 2:
-            continue
-        try:
-            mount_id, parent_id = int(left[0]), int(left[1])
-        except ValueError:
-            continue
-        entries.append(MountInfo(
-            mount_id=mount_id, parent_id=parent_id, devno=left[2], root=unescape(left[3]),
-            mount_point=unescape(left[4]), options=tuple(left[5].split(",")),
-            fstype=unescape(right[0]), source=unescape(right[1]),
-            super_options=tuple(right[2].split(",")) if len(right) > 2 else (),
-        ))
-    return entries
-
-
-def find_mount(entries: Sequence[MountInfo], path: str) -> MountInfo | None:
-    """The mount visible at path: with mounts stacked on one point, the last one mounted."""
-    found = None
-    for e in entries:
-        if e.mount_point == path:
-            found = e
-    return found
-
-
-def parse_fstab(text: str) -> list[FstabEntry]:
-    entries = []
-    for line in text.splitlines():
-        fields = line.split("#", 1)[0].split()
-        if len(fields) < 3:
-            continue
-        entries.append(FstabEntry(
-            source=unescape(fields[0]), mount_point=posixpath.normpath(unescape(fields[1])),
-            fstype=fields[2], options=tuple(fields[3].split(",")) if len(fields) > 3 else ("defaults",),
-        ))
-    return entries
-
-
-def find_fstab(entries: Sequence[FstabEntry], path: str) -> FstabEntry | None:
-    # mount(8) takes the first fstab line for a mount point.
-    return next((e for e in entries if e.mount_point == path), None)
-
-
-def norm_path(path: str) -> str:
-    return "/" + posixpath.normpath(path).lstrip("/")
 
 
 def parse_count_or_percent(value: int | str) -> tuple[str, float]:
@@ -355,7 +183,7 @@ class MountsReconciler(Reconciler):
     def _ask_children(self, host: Host, requests: dict[str, dict[str, Any]],
                       timeouts: dict[str, float]) -> dict[str, Any]:
         """Start one child per request, all at once, and collect each answer until its own
-        deadline; a child that misses it is killed and abandoned (host.collect_children)."""
+        deadline; a child that misses it is killed and abandoned (Host.collect)."""
         children = {}
         answers: dict[str, Any] = {}
         started = time.monotonic()
@@ -364,7 +192,7 @@ class MountsReconciler(Reconciler):
                 children[rid] = (host.fork_call(probe_mount, req), started + timeouts[rid])
             except OSError as exc:
                 answers[rid] = ObserveError(f"cannot start the probe of {req['path']}: {exc.strerror}")
-        for rid, (said, finished) in collect_children(children).items():
+        for rid, (said, finished) in host.collect(children).items():
             req, proc = requests[rid], children[rid][0]
             if not finished:
                 what = "the write probe" if b"statvfs done" in said else "statvfs"
