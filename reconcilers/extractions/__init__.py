@@ -1,7 +1,7 @@
 """Long-running extraction jobs (EAGLE-3 hidden states): progress, damaged files, resume.
 
 Observe counts completed samples from file NAMES (`os.listdir`/`os.scandir`, no stat per
-file, no glob: on the story's host, globs over the tree failed under write load), checks the
+file, no glob: on a host under heavy write load, globs over the tree failed), checks the
 integrity of the files that may be damaged (see integrity.py and `verify`), and asks whether
 the job that writes them runs. Plan: quarantine damaged files (moved, never deleted, with a
 manifest) so the job regenerates them; start the job when it is short of `min_done` and

@@ -93,7 +93,7 @@ class UnitsReconciler(Reconciler):
             return out
         if len(todo) == 1:
             # One unit: a single `show` (~13 ms) costs less than the listings it would replace, and
-            # the seed's one unit usually drifts, which would mean a `show` after them anyway.
+            # a recovery's one unit usually drifts, which would mean a `show` after them anyway.
             shown = self._show(host, [todo[0].name])
             out[todo[0].id] = shown[todo[0].name]
             return out
