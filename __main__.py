@@ -1,3 +1,3 @@
-from reconcile.cli import main
+from reconcile_host.cli import main
 
 main()

@@ -46,7 +46,7 @@ def load_state(path: str, prefetch=None):
     """Load and validate FILE; `-` reads the state from stdin (as a remote target does), shown in
     messages as --state-label NAME (default `<stdin>`), so errors point into the user's own file.
     `prefetch` (engine.Prefetch) starts observing kinds as they are built."""
-    from .reconcilers.statefile import StateFileError, load
+    from .pipeline.statefile import StateFileError, load
 
     try:
         if path == "-":
@@ -61,7 +61,7 @@ def load_state(path: str, prefetch=None):
 
 
 def parse_duration_option(value: str, flag: str) -> float:
-    from .reconcilers.statefile import parse_duration
+    from .pipeline.values import parse_duration
 
     try:
         return parse_duration(value)
@@ -87,7 +87,7 @@ def main() -> None:
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 def validate(files: tuple[str, ...]) -> None:
     """Check state FILES; print FILE:LINE:COL: message for each problem."""
-    from .reconcilers.statefile import StateFileError, load
+    from .pipeline.statefile import StateFileError, load
 
     bad = 0
     for f in files:
@@ -115,7 +115,7 @@ LOCAL_KEYS = ("file", "fmt", "verbose", "dry_run", "journal_path", "lock_timeout
 
 
 def _remote_options(fn):
-    """Run on other machines instead (reconcilers/remote.py, reconcilers/inventory.py): --host, --via,
+    """Run on other machines instead (machines/remote.py, machines/inventory.py): --host, --via,
     --inventory and their settings; also --state-label, which the far side is called with."""
     import functools
 
@@ -132,7 +132,8 @@ def _remote_options(fn):
             return fn(**kw)
         from click.core import ParameterSource
 
-        from .reconcilers import remote
+        from . import machines
+        from .machines import remote
 
         given = {k for k in kw if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE,
                                                                  ParameterSource.ENVIRONMENT)}
@@ -140,7 +141,7 @@ def _remote_options(fn):
         opts = remote.RemoteOptions(**{**picked, "ssh_options": tuple(picked["ssh_options"])},
                                     extra={p.opts[0]: kw[p.name] for p in ctx.command.params
                                            if p.name in given and p.name not in LOCAL_KEYS})
-        sys.exit(remote.main(fn.__name__, kw.get("file"), kw["fmt"], kw["verbose"], opts,
+        sys.exit(machines.run_elsewhere(fn.__name__, kw.get("file"), kw["fmt"], kw["verbose"], opts,
                              dry_run=kw.get("dry_run", False), journal=kw.get("journal_path"),
                              lock_timeout=kw.get("lock_timeout") if "lock_timeout" in given else None))
 
@@ -160,7 +161,8 @@ def _remote_options(fn):
         click.option("--report-dir", type=click.Path(file_okay=False),
                      help="Also write each inventory host's JSON report to DIR/HOST.json."),
         click.option("--remote-command", metavar="'CMD ...'",
-                     help="How to start reconcile on the target [default: reconcile], e.g. 'python3 -m reconcile'."),
+                     help="How to start reconcile on the target [default: reconcile], e.g. "
+                          "'python3 -m reconcile_host'."),
         click.option("--ssh-option", "ssh_options", multiple=True, metavar="KEY=VALUE",
                      help="Extra ssh -o option, repeatable; taken before reconcile's own defaults. "
                           "$RECONCILE_SSH_OPTS adds raw ssh arguments (e.g. '-F FILE -i KEY')."),
@@ -187,8 +189,8 @@ def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) -> Non
 
     Exit 0: no drift; 2: drift; 1: error.
     """
-    from .reconcilers.engine import Engine, Prefetch
-    from .reconcilers.report import render
+    from .pipeline.engine import Engine, Prefetch
+    from .views import render
 
     prefetch = Prefetch()  # kinds observed in children start while the state is being built
     state = load_state(resolve_state_file(file), prefetch)
@@ -213,9 +215,9 @@ def exit_now(code: int) -> None:
 
 
 def _save_plan(report, out_path: str) -> None:
-    from .reconcilers.base import Status
-    from .reconcilers.report import to_json
-    from .reconcilers.savedplan import write_plan
+    from .pipeline.contract import Status
+    from .pipeline.plans import write_plan
+    from .pipeline.report import to_json
 
     if report.count(Status.ERROR):
         # As Terraform: a plan made while part of the host could not be seen is not saved.
@@ -248,23 +250,23 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     Exit 0: every resource ok (or converging as intended); 2: drift remains;
     1: an error (bad input, lock held, wrong host, a resource that cannot be observed).
     """
-    from .reconcilers.engine import Engine, HostMismatch, Prefetch
-    from .reconcilers.journal import Journal, LockError
-    from .reconcilers.report import render
+    from .pipeline.engine import Engine, HostMismatch, Prefetch
+    from .pipeline.journal import Journal, LockError
+    from .views import render
 
     wait = parse_duration_option(lock_timeout, "--lock-timeout")
     path = resolve_state_file(file)
-    from .reconcilers.savedplan import is_saved_plan
+    from .pipeline.plans import is_saved_plan
 
     if is_saved_plan(path):  # `reconcile diff --out PLAN` wrote it: its actions and nothing else
-        from .reconcilers.savedplan import PlanError, apply_saved_plan
+        from .pipeline.plans import PlanError, apply_saved_plan
 
         try:
-            code = apply_saved_plan(path, fmt=fmt, verbose=verbose, dry_run=dry_run, journal_path=journal_path,
-                                    lock_wait=wait)
+            report = apply_saved_plan(path, dry_run=dry_run, journal_path=journal_path, lock_wait=wait)
         except PlanError as exc:
             fail(str(exc))
-        sys.exit(code)
+        render(report, fmt, verbose=verbose)
+        sys.exit(report.exit_code)
     # Observing may start while the state is built only when nothing will be changed: apply
     # proper observes after taking its lock, so it never acts on what another apply changed.
     prefetch = Prefetch() if dry_run else None
@@ -299,7 +301,7 @@ def version_command(as_json: bool) -> None:
         return
     import json
 
-    from .reconcilers.journal import default_journal_path
+    from .pipeline.paths import default_journal_path
 
     click.echo(json.dumps({"reconcile_version": __version__, "format_version": FORMAT_VERSION,
                            "hostname": os.uname().nodename, "journal": str(default_journal_path())}))
@@ -310,7 +312,7 @@ def schema() -> None:
     """Print the JSON Schema of the state file (for editors and CI)."""
     import json
 
-    from .reconcilers.statefile import bundled_schema
+    from .pipeline.statefile import bundled_schema
 
     click.echo(json.dumps(bundled_schema(), indent=2))
 
@@ -329,8 +331,8 @@ def watch(file: str | None, interval: str, journal_path: str | None, lock_timeou
     Re-reads the state file when it changes; backs off after errors (up to 10 minutes);
     on SIGTERM or SIGINT stops after the current step and exits 0.
     """
-    from .reconcilers.journal import Journal
-    from .reconcilers.watch import Watcher
+    from .pipeline.journal import Journal
+    from .pipeline.watch import Watcher
 
     every = parse_duration_option(interval, "--interval")
     if every <= 0:

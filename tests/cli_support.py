@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def reconcile_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "reconcile", *args]
+    return [sys.executable, "-m", "reconcile_host", *args]
 
 
 def cli_env(tmp: Path, **extra: str) -> dict[str, str]:

@@ -57,7 +57,7 @@ def cli(tmp: Path, *args: str, runner=None, timeout: float = 60, env: dict[str, 
         ) -> tuple[int, dict | None, str]:
     """Run `reconcile ARGS --format json` (apply gets a journal in tmp); return (rc, report, stderr).
     `runner` is a NamespacedSystemd to run it inside that namespace; `env` adds variables."""
-    argv = [sys.executable, "-m", "reconcile", *args, "--format", "json"]
+    argv = [sys.executable, "-m", "reconcile_host", *args, "--format", "json"]
     if args[0] == "apply":
         argv += ["--journal", str(tmp / "journal.jsonl")]
     full_env = {**env_for(tmp), **(env or {})}
@@ -86,8 +86,8 @@ def age(path: Path, seconds: float = 3600) -> None:
 
 def observe(spec: dict, name: str = "eagle3"):
     """ExtractionsReconciler.observe in this process (RECONCILE_STATE_DIR must be set)."""
-    from reconcile.reconcilers.extractions import ExtractionsReconciler
-    from reconcile.reconcilers.host import Host
+    from reconcile_host.machines.host import Host
+    from reconcile_host.reconcilers.extractions import ExtractionsReconciler
 
     rec = ExtractionsReconciler()
     (r,) = rec.resources({name: spec})

@@ -7,18 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from reconcile.reconcilers import ID_PREFIXES, REGISTRY
-from reconcile.reconcilers.base import (
-    Action,
-    ApplyError,
-    Drift,
-    ObserveError,
-    Plan,
-    Reconciler,
-    Resource,
-)
-from reconcile.reconcilers.engine import ActionLog, Engine
-from reconcile.reconcilers.statefile import LoadedState, order_resources
+from reconcile_host.pipeline.contract import Action, ApplyError, Drift, ObserveError, Plan, Reconciler, Resource
+from reconcile_host.pipeline.engine import ActionLog, Engine
+from reconcile_host.pipeline.statefile import LoadedState, order_resources
+from reconcile_host.reconcilers import KINDS, Kind
 
 WORLD: dict = {}
 
@@ -71,8 +63,7 @@ class ToyReconciler(Reconciler):
 
 @pytest.fixture(autouse=True)
 def toy_kind(monkeypatch):
-    monkeypatch.setitem(REGISTRY, "toys", "test_engine:ToyReconciler")
-    monkeypatch.setitem(ID_PREFIXES, "toy", "toys")
+    monkeypatch.setitem(KINDS, "toys", Kind("toy", "test_engine:ToyReconciler"))
     WORLD.clear()
     yield
 
@@ -163,7 +154,7 @@ def test_blocked_and_error_statuses_and_exit_codes():
 
 
 def test_wrong_host_refused_by_apply_reported_by_diff():
-    from reconcile.reconcilers.engine import HostMismatch
+    from reconcile_host.pipeline.engine import HostMismatch
 
     st = state(toy("a"), host="kpro6-*")
     with pytest.raises(HostMismatch):
@@ -215,10 +206,9 @@ class BarrierToyReconciler(ToyReconciler):
 def test_kinds_observed_concurrently_forking_kinds_first(monkeypatch):
     import threading
 
-    monkeypatch.setitem(REGISTRY, "toys", "test_engine:BarrierToyReconciler")
+    monkeypatch.setitem(KINDS, "toys", Kind("toy", "test_engine:BarrierToyReconciler"))
     for key, kind, cls in (("waits", "wait", "WaitingToyReconciler"), ("forks", "fork", "ForkingToyReconciler")):
-        monkeypatch.setitem(REGISTRY, key, f"test_engine:{cls}")
-        monkeypatch.setitem(ID_PREFIXES, kind, key)
+        monkeypatch.setitem(KINDS, key, Kind(kind, f"test_engine:{cls}"))
     WORLD["barrier"] = threading.Barrier(2, timeout=10)
     waiting = Resource(id="wait:w", kind="wait", name="w", spec={"want": 0})
     forking = Resource(id="fork:f", kind="fork", name="f", spec={"want": 0})
@@ -255,10 +245,9 @@ class ChildToyReconciler(ToyReconciler):
 
 
 def child_engine(monkeypatch, *resources):
-    from reconcile.reconcilers.host import Host as RealHost
+    from reconcile_host.machines.host import Host as RealHost
 
-    monkeypatch.setitem(REGISTRY, "childs", "test_engine:ChildToyReconciler")
-    monkeypatch.setitem(ID_PREFIXES, "child", "childs")
+    monkeypatch.setitem(KINDS, "childs", Kind("child", "test_engine:ChildToyReconciler"))
     return Engine(state(*resources), RealHost())
 
 
@@ -313,7 +302,7 @@ def test_bug_in_a_child_is_an_error_of_that_kind_only(monkeypatch):
 def test_prefetched_child_is_taken_over_not_forked_again(monkeypatch):
     """engine.Prefetch starts a child-observed kind while the state is still being built; the
     engine then uses that very child's answer."""
-    from reconcile.reconcilers.engine import Prefetch
+    from reconcile_host.pipeline.engine import Prefetch
 
     engine = child_engine(monkeypatch, toy("a", want=0), child("c"))
     prefetch = Prefetch(engine.host)
@@ -342,8 +331,8 @@ def test_heartbeats_waiting_in_the_pipe_count_when_the_caller_comes_late():
     before judging it: a child that kept making progress is not cut short."""
     import time
 
-    from reconcile.reconcilers.host import Host as RealHost
-    from reconcile.reconcilers.host import collect_children
+    from reconcile_host.machines.host import Host as RealHost
+    from reconcile_host.machines.host import collect_children
 
     child = RealHost().fork_call(_beat_then_answer)
     time.sleep(0.4)  # the caller is busy: the child's first deadline (0.2 s) passes unread

@@ -31,7 +31,7 @@ from extraction_support import (
     write_sample,
     write_samples,
 )
-from reconcile.reconcilers.extractions import list_tree, scan
+from reconcile_host.reconcilers.extractions.listing import list_tree, scan
 
 UNIT = "eagle3-extract.service"
 
@@ -519,17 +519,28 @@ def test_check_record_of_the_earlier_format_or_damaged_is_not_fatal(tmp_path, st
 
 def test_long_first_check_making_progress_is_not_cut_short(tmp_path):
     """`observe_timeout` bounds a stretch without progress, not the observation: a first check of
-    every file that takes several times the timeout still finishes (heartbeats move the deadline)."""
+    every file that takes several times the timeout still finishes (heartbeats move the deadline).
+
+    The test is meaningful only if the check outlasts the timeout several times over. How long a
+    check of N files takes is the machine's business, so the test controls the work instead of
+    trusting a clock: it doubles the tree until the check has outlasted 3 x the timeout (a slow
+    machine gets there sooner, which only makes the test stronger), and every round must end
+    ok with every file checked."""
     out = tmp_path / "hs"
-    n = 30_000
-    write_samples(out, range(n), group=1000)
-    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": n, "verify": "all",
-                                             "observe_timeout": 0.5})
-    t0 = time.monotonic()
-    rc, report, err = cli(tmp_path, "diff", str(state))
-    took = time.monotonic() - t0
-    res = resource(report)
-    assert rc == 0 and res["status"] == "ok", (res, err)
-    assert res["observed"]["checked"] == n and res["observed"]["done"] == n
-    # Meaningful only if the observation outlasted the timeout several times over.
-    assert took > 3 * 0.5, f"the check took only {took:.2f}s: make the tree bigger"
+    timeout = 0.5
+    n, written = 30_000, 0
+    for _ in range(6):  # up to 960,000 files: far more than any machine checks in 1.5 s
+        write_samples(out, range(written, n), group=1000)
+        written = n
+        state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": n, "verify": "all",
+                                                 "observe_timeout": timeout})
+        t0 = time.monotonic()
+        rc, report, err = cli(tmp_path, "diff", str(state), timeout=600)
+        took = time.monotonic() - t0
+        res = resource(report)
+        assert rc == 0 and res["status"] == "ok", (n, res, err)
+        assert res["observed"]["checked"] == n and res["observed"]["done"] == n
+        if took > 3 * timeout:
+            return
+        n *= 2
+    pytest.fail(f"a check of {n // 2:,} files took only {took:.2f}s: this machine outran the test")

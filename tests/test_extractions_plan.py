@@ -9,18 +9,12 @@ import zipfile
 
 import pytest
 from extraction_support import write_sample, write_samples
-from reconcile.reconcilers.base import Context
-from reconcile.reconcilers.extractions import (
-    Damaged,
-    ExtractionObserved,
-    ExtractionsReconciler,
-    JobObserved,
-    compile_pattern,
-    format_ranges,
-    scan,
-    to_ranges,
-)
-from reconcile.reconcilers.integrity import check_file
+from reconcile_host.pipeline.contract import Context
+from reconcile_host.reconcilers.extractions import Damaged, ExtractionObserved, ExtractionsReconciler
+from reconcile_host.reconcilers.extractions.integrity import check_file
+from reconcile_host.reconcilers.extractions.job import JobObserved
+from reconcile_host.reconcilers.extractions.listing import compile_pattern, scan
+from reconcile_host.reconcilers.extractions.ranges import format_ranges, to_ranges
 
 REC = ExtractionsReconciler()
 
@@ -206,7 +200,7 @@ def test_min_done_defaults_to_total():
 
 
 def test_observation_serialises():
-    from reconcile.reconcilers.base import to_plain
+    from reconcile_host.pipeline.contract import to_plain
 
     text = json.dumps(to_plain(observed(damaged=[Damaged("a", "b", 1, 2.0)])))
     assert json.loads(text)["damaged"][0]["reason"] == "b"
@@ -215,7 +209,7 @@ def test_observation_serialises():
 def test_to_ranges_matches_a_plain_walk_on_random_sets():
     import random
 
-    from reconcile.reconcilers.extractions import to_ranges
+    from reconcile_host.reconcilers.extractions.ranges import to_ranges
 
     def plain(indices):
         out = []
@@ -238,7 +232,7 @@ def test_bulk_name_parsing_agrees_with_the_regex_name_by_name():
     returns must be what matching each name with the pattern's regex gives."""
     import random
 
-    from reconcile.reconcilers.extractions import Leaf, _canonical_indices, leaf_form
+    from reconcile_host.reconcilers.extractions.listing import Leaf, canonical_indices, leaf_form
 
     rng = random.Random(11)
     odd = ["data_007.ckpt", "data_0.ckpt", "data_00.ckpt", "data_.ckpt", "data_\u0663.ckpt", "data_5.ckpt.gz",
@@ -261,7 +255,7 @@ def test_bulk_name_parsing_agrees_with_the_regex_name_by_name():
                          + [(i, f"{form.prefix}{i}{form.suffix}.gz") for i in _each(leaf.gz)] + leaf.named)
             want = sorted((int(m.group("index")), n) for n in names if (m := rx.fullmatch(n)))
             assert got == want, (pattern, names)
-            bulk = _canonical_indices(names, form.prefix, form.suffix)
+            bulk = canonical_indices(names, form.prefix, form.suffix)
             canonical = all(n == f"{form.prefix}{i}{form.suffix}" for i, n in want) and len(want) == len(names)
             assert (bulk is not None) == canonical, (pattern, names)
             if bulk is not None:
@@ -275,17 +269,17 @@ def _each(ranges):
 def test_range_operations_match_sets():
     import random
 
-    from reconcile.reconcilers.extractions import _contains, _intersect, _last, _normalize, _size, _subtract
+    from reconcile_host.reconcilers.extractions.ranges import contains, intersect, last, normalize, size, subtract
 
     rng = random.Random(5)
     for _ in range(500):
         x = {rng.randrange(60) for _ in range(rng.randrange(50))}
         y = {rng.randrange(60) for _ in range(rng.randrange(50))}
         rx, ry = to_ranges(x), to_ranges(y)
-        assert _intersect(rx, ry) == to_ranges(x & y)
-        assert _subtract(rx, ry) == to_ranges(x - y)
-        assert _normalize(rx + ry) == to_ranges(x | y)
-        assert _size(rx) == len(x)
+        assert intersect(rx, ry) == to_ranges(x & y)
+        assert subtract(rx, ry) == to_ranges(x - y)
+        assert normalize(rx + ry) == to_ranges(x | y)
+        assert size(rx) == len(x)
         n = rng.randrange(10)
-        assert _last(rx, n) == to_ranges(sorted(x)[-n:] if n else [])
-        assert all(_contains(rx, i) == (i in x) for i in range(-1, 61))
+        assert last(rx, n) == to_ranges(sorted(x)[-n:] if n else [])
+        assert all(contains(rx, i) == (i in x) for i in range(-1, 61))

@@ -7,22 +7,14 @@ import os
 
 import gpu_support as gs
 import pytest
-from reconcile.reconcilers.base import Context, Resource
-from reconcile.reconcilers.engine import judge
-from reconcile.reconcilers.gpus import (
-    MIB,
-    Gpu,
-    GpusObserved,
-    GpusReconciler,
-    GpuUse,
-    Holder,
-    health_of,
-    parse_smi_apps,
-    parse_smi_gpus,
-    parse_xids,
-    unit_of_cgroup,
-)
-from reconcile.reconcilers.statefile import StateFileError, validate_text
+from reconcile_host.pipeline.contract import Context, Resource
+from reconcile_host.pipeline.engine import judge
+from reconcile_host.pipeline.statefile import StateFileError, validate_text
+from reconcile_host.reconcilers.gpus import GpusReconciler
+from reconcile_host.reconcilers.gpus.observed import MIB, Gpu, GpusObserved, GpuUse, Holder, health_of
+from reconcile_host.reconcilers.gpus.procfs import unit_of_cgroup
+from reconcile_host.reconcilers.gpus.smi import parse_smi_apps, parse_smi_gpus
+from reconcile_host.reconcilers.gpus.xid import parse_xids
 
 REC = GpusReconciler()
 VLLM = "vllm-kimi-k25-int4.service"

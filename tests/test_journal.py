@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from cli_support import run_cli
-from reconcile.reconcilers.journal import Journal, LockError, LockHeld
+from reconcile_host.pipeline.journal import Journal, LockError, LockHeld
 
 
 def test_unusable_lock_location_is_a_one_line_error(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cli_support import cli_env, reconcile_argv
 from gitops_support import cli, is_active, service  # noqa: F401  (cli is a fixture)
-from reconcile.reconcilers.junit import render_junit
+from reconcile_host.views.junit import render_junit
 
 CASE_CHILDREN = {"failure", "error", "skipped", "system-out", "system-err"}
 

@@ -22,7 +22,7 @@ from mounts_support import HERE, fuse_missing, in_namespace, namespaces_missing
 PRELUDE = r"""
 cli() {
     name=$1; shift
-    { rc=0; "$PY" -m reconcile "$@" --format json 2>"$T/$name.err" || rc=$?; echo $rc > "$T/$name.rc"; } \
+    { rc=0; "$PY" -m reconcile_host "$@" --format json 2>"$T/$name.err" || rc=$?; echo $rc > "$T/$name.rc"; } \
         | cat > "$T/$name.json"
 }
 """
@@ -254,7 +254,6 @@ def test_hung_fuse_mount_is_reported_stuck_within_the_deadline(sc: Scenario):
     if why:
         pytest.skip(why)
     probe_timeout = 1.0
-    slack = 5.0  # start-up of Python and the CLI on a slow CI machine; the guarantee is deadline + 1 s
     state = sc.state(f"""
 mounts:
   $T/hung:
@@ -269,9 +268,12 @@ mounts:
     assert rc == 1
     hung = res[f"mount:{sc.tmp}/hung"]
     assert hung["status"] == "error" and "stuck" in hung["message"], hung
+    assert "did not return within 1s" in hung["message"], hung  # the deadline that was applied
     assert res[f"mount:{sc.tmp}/fine"]["status"] == "ok"
+    # The server is killed only after diff returned, so diff came back while the mount was still
+    # hung: it did not wait for it. The bound below is a guard against "never", not a stopwatch.
     start, end = (float(x) for x in sc.text("elapsed").split())
-    assert end - start < probe_timeout + slack, f"diff took {end - start:.2f}s"
+    assert end - start < 30, f"diff took {end - start:.2f}s"
 
 
 def test_extraction_on_a_hung_mount_is_reported_not_waited_on(sc: Scenario):
@@ -297,5 +299,6 @@ mounts:
     assert stuck["status"] == "error", stuck
     assert stuck["message"].startswith("observing extraction made no progress for 1s: "), stuck["message"]
     assert res[f"mount:{sc.tmp}/fine"]["status"] == "ok"
+    # As above: diff came back while the mount was still hung; a guard against "never".
     start, end = (float(x) for x in sc.text("elapsed").split())
-    assert end - start < 1.0 + 5.0, f"diff took {end - start:.2f}s"
+    assert end - start < 30, f"diff took {end - start:.2f}s"

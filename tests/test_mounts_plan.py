@@ -12,23 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from reconcile.reconcilers.base import Context, ObserveError
-from reconcile.reconcilers.engine import judge
-from reconcile.reconcilers.host import Host
-from reconcile.reconcilers.mounts import (
-    FstabEntry,
-    MountObserved,
-    MountsReconciler,
-    ResolvedSource,
-    Space,
-    find_fstab,
-    find_mount,
-    parse_count_or_percent,
-    parse_fstab,
-    parse_mountinfo,
-    unescape,
-)
-from reconcile.reconcilers.statefile import StateFileError, validate_text
+from reconcile_host.machines.host import Host
+from reconcile_host.pipeline.contract import Context, ObserveError
+from reconcile_host.pipeline.engine import judge
+from reconcile_host.pipeline.statefile import StateFileError, validate_text
+from reconcile_host.reconcilers.mounts import MountsReconciler, parse_count_or_percent
+from reconcile_host.reconcilers.mounts.observed import FstabEntry, MountObserved, ResolvedSource, Space
+from reconcile_host.reconcilers.mounts.tables import find_fstab, find_mount, parse_fstab, parse_mountinfo, unescape
 
 DATA = Path(__file__).resolve().parent / "data" / "mounts"
 REC = MountsReconciler()

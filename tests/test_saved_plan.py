@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gitops_support import cli, is_active, is_enabled, service, validate_report  # noqa: F401  (cli: fixture)
-from reconcile.reconcilers.savedplan import changes, fingerprint, fingerprints, is_saved_plan
+from reconcile_host.pipeline.plans import changes, fingerprint, fingerprints, is_saved_plan
 
 UNIT = "t-plan.service"
 STATE = f"version: 1\nunits:\n  {UNIT}:\n    active: false\n    enabled: false\n"

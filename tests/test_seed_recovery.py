@@ -1,4 +1,4 @@
-"""The seed's whole recovery (../shared/seeds/) as one state file and one command.
+"""The README's whole GPU-host recovery as one state file and one command.
 
 One namespace holds the story: a real systemd (PID 1) running `vllm-kimi-k25-int4.service`
 (Restart=always, enabled) that holds 8 fake GPUs at ~75.8 GB each through the real pynvml

@@ -5,14 +5,8 @@ from __future__ import annotations
 
 import pytest
 from cli_support import run_cli
-from reconcile.reconcilers.statefile import (
-    StateFileError,
-    is_unit_name,
-    load,
-    parse_duration,
-    parse_size,
-    parse_size_or_percent,
-)
+from reconcile_host.pipeline.statefile import StateFileError, load
+from reconcile_host.pipeline.values import is_unit_name, parse_duration, parse_size, parse_size_or_percent
 
 GOOD_UNIT = "version: 1\nunits:\n  a.service:\n    active: false\n"
 
@@ -199,7 +193,7 @@ def test_shipped_bundled_schema_is_current():
     import json
     from pathlib import Path
 
-    from reconcile.reconcilers.statefile import bundled_schema
+    from reconcile_host.pipeline.statefile import bundled_schema
 
     shipped = Path(__file__).resolve().parent.parent / "schema" / "reconcile-state.schema.json"
     assert json.loads(shipped.read_text()) == bundled_schema(), "regenerate: reconcile schema > " + str(shipped)

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from reconcile.reconcilers.base import Context, ObserveError, Resource
-from reconcile.reconcilers.engine import judge
-from reconcile.reconcilers.units import (
-    UnitFiles,
-    UnitObserved,
-    UnitsReconciler,
-    parse_install,
-    parse_list_units,
-    parse_show,
-)
+from reconcile_host.pipeline.contract import Context, ObserveError, Resource
+from reconcile_host.pipeline.engine import judge
+from reconcile_host.reconcilers.units import UnitsReconciler
+from reconcile_host.reconcilers.units.systemctl import UnitObserved, parse_list_units, parse_show
+from reconcile_host.reconcilers.units.unitfiles import UnitFiles, parse_install
 
 R = UnitsReconciler()
 

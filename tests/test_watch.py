@@ -6,14 +6,16 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from cli_support import cli_env, reconcile_argv
 from gitops_support import REPO, cli, is_active, service, wait_for  # noqa: F401  (cli: fixture)
-from reconcile.reconcilers.journal import Journal, Lock
-from reconcile.reconcilers.watch import Watcher, backoff
+from reconcile_host.pipeline.journal import Journal, Lock
+from reconcile_host.pipeline.watch import Watcher, backoff
 
 # --- the loop, without a host ---------------------------------------------------------------
 
@@ -86,17 +88,27 @@ def test_sigterm_between_passes_exits_zero_at_once(tmp_path):
 WATCH = "t-reconcile-watch.service"
 
 
+def reconcile_bin_dir() -> str:
+    """Where the install this test runs from put the `reconcile` command (a venv's bin, ~/.local/bin, ...)."""
+    beside = Path(sys.executable).parent / "reconcile"
+    found = str(beside) if beside.exists() else shutil.which("reconcile")
+    assert found, "the reconcile command is not installed"
+    return os.path.dirname(found)
+
+
 def watch_unit(tmp, state, journal, log) -> str:
-    """contrib/reconcile-watch.service as shipped, pointed at the test's files."""
+    """contrib/reconcile-watch.service as shipped, its command found on the PATH the unit's comments
+    say to set for an install outside the usual places, pointed at the test's files."""
     text = (REPO / "contrib" / "reconcile-watch.service").read_text()
-    argv = " ".join([sys.executable, "-m", "reconcile", "watch", str(state), "--interval", "1s",
-                     "--journal", str(journal)])
-    text, n = re.subn(r"^ExecStart=.*$", f"ExecStart={argv}", text, flags=re.M)
+    text, n = re.subn(r"^(ExecStart=/usr/bin/env reconcile watch) --interval 60s$",
+                      rf"\1 {state} --interval 1s --journal {journal}", text, flags=re.M)
+    assert n == 1
+    text, n = re.subn(r"^Environment=PATH=", f"Environment=PATH={reconcile_bin_dir()}:", text, flags=re.M)
     assert n == 1
     text = re.sub(r"^WorkingDirectory=.*$", f"WorkingDirectory={tmp}", text, flags=re.M)
     # The namespace shares the host's /var: no StateDirectory= for the test.
     text = re.sub(r"^StateDirectory=.*$\n", "", text, flags=re.M)
-    return text.replace("[Service]\n", f"[Service]\nEnvironment=RECONCILE_CACHE_DIR={tmp}/cache\n"
+    return text.replace("\n[Service]\n", f"\n[Service]\nEnvironment=RECONCILE_CACHE_DIR={tmp}/cache\n"
                         f"StandardOutput=append:{log}\nStandardError=append:{log}\n"
                         # systemd tells ExecStopPost= how the main process ended.
                         "ExecStopPost=/bin/sh -c 'echo $SERVICE_RESULT $EXIT_CODE $EXIT_STATUS"

@@ -1,0 +1,253 @@
+"""The only door to the machine: run a command with a deadline, read a file, signal a process.
+
+Reconcilers never call subprocess/os directly for host access, so a test, a
+remote run or a prefix (`nsenter`, `pct exec`) changes one place.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from typing import IO, Any, TypeVar
+
+from ..pipeline.contract import CommandResult, CommandTimeout
+
+__all__ = ["CommandResult", "CommandTimeout", "ForkedChild", "Host", "collect_children", "kill_group"]
+
+K = TypeVar("K")
+# What a child writes for a heartbeat; a pickle (protocol >= 2) never starts with it.
+HEARTBEAT = b"."
+
+
+class ForkedChild:
+    """A child from Host.fork_call, with the parts of Popen's interface a poller needs."""
+
+    def __init__(self, pid: int, stdout: IO[bytes]):
+        self.pid, self.stdout = pid, stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.0005  # a child that has closed its pipe is exiting: the first polls are short
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+        return self.returncode
+
+
+_ABANDONED: list[ForkedChild] = []
+
+
+def collect_children(children: Mapping[K, tuple[ForkedChild, float]],
+                     idle: Mapping[K, float] | None = None) -> dict[K, tuple[bytes, bool]]:
+    """Read every child's pipe at once, each to EOF or to its own deadline (time.monotonic()).
+
+    With `idle[key]`, whatever the child writes (a heartbeat) moves its deadline to at least
+    that many seconds later: a long job that keeps making progress is not cut short, a stuck
+    one still is. Returns, per key, what the child wrote and whether it finished (EOF before
+    its deadline).
+    A child past its deadline is sent SIGKILL and abandoned: never waited for, since one in
+    D-state (a hung filesystem, a wedged driver) can neither die nor be reaped; so this
+    returns by the latest deadline whatever state the children are in."""
+    import selectors
+
+    # Children abandoned by earlier calls that have died since: reaped now, so a long-lived
+    # caller (`reconcile watch`) does not collect zombies. Only by their own pid: a wait for any
+    # child would take the exit status of a subprocess.Popen child from under it.
+    _ABANDONED[:] = [c for c in _ABANDONED if c.poll() is None]
+    idle = idle or {}
+    deadlines = {key: deadline for key, (_, deadline) in children.items()}
+    chunks: dict[K, list[bytes]] = {key: [] for key in children}
+    done: dict[K, tuple[bytes, bool]] = {}
+    sel = selectors.DefaultSelector()
+    for key, (child, _) in children.items():
+        os.set_blocking(child.stdout.fileno(), False)
+        sel.register(child.stdout, selectors.EVENT_READ, key)
+    open_ = set(children)
+    while open_:
+        wait = max(0.0, min(deadlines[k] for k in open_) - time.monotonic())
+        # What the children wrote meanwhile is read before any of them is judged late: a caller
+        # that comes to collect late (busy building the rest of the state) must not cut short a
+        # child whose heartbeats or answer sit unread in its pipe.
+        for sel_key, _ in sel.select(timeout=wait):
+            key = sel_key.data
+            data = os.read(sel_key.fileobj.fileno(), 65536)
+            if data:
+                chunks[key].append(data)
+                if key in idle:
+                    deadlines[key] = max(deadlines[key], time.monotonic() + idle[key])
+                continue
+            # EOF: the child has written all it will and is exiting; reap it if it is gone.
+            open_.discard(key)
+            sel.unregister(sel_key.fileobj)
+            sel_key.fileobj.close()
+            children[key][0].wait(timeout=1.0)  # reaped, so a long-lived caller (watch) leaves no zombies
+            done[key] = (b"".join(chunks[key]), True)
+        now = time.monotonic()
+        for key in [k for k in open_ if deadlines[k] <= now]:
+            child = children[key][0]
+            open_.discard(key)
+            sel.unregister(child.stdout)
+            child.stdout.close()
+            try:
+                child.kill()  # our own child; it dies now or when the kernel lets it
+            except OSError:
+                pass
+            _ABANDONED.append(child)
+            done[key] = (b"".join(chunks[key]), False)
+    sel.close()
+    return done
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a child started with start_new_session=True and its whole process group, then
+    reap it for at most 2 s: a child in D-state cannot die, so abandon it rather than hang."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.communicate(timeout=2)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+class Host:
+    """The local machine, optionally behind a command prefix."""
+
+    def __init__(self, prefix: tuple[str, ...] = ()):
+        self.prefix = prefix
+        # Set by the engine in a child that observes with a deadline (see heartbeat).
+        self.heartbeat_to: IO[bytes] | None = None
+        self._last_beat = 0.0
+
+    def heartbeat(self) -> None:
+        """Say "still making progress" from a long observation (one directory listed, one file
+        checked): in a child observing with a deadline it moves the deadline on; elsewhere it
+        does nothing. At most 20 writes a second, however often it is called."""
+        if self.heartbeat_to is None:
+            return
+        now = time.monotonic()
+        if now - self._last_beat >= 0.05:
+            self._last_beat = now
+            self.heartbeat_to.write(HEARTBEAT)
+
+    def run(self, argv: list[str] | tuple[str, ...], timeout: float = 30.0, env: dict | None = None,
+            input: str | None = None) -> CommandResult:
+        """Run a command to completion or kill it at the deadline.
+
+        The child gets its own session so the kill reaches its whole process group.
+        A child stuck in D-state cannot die; we wait a bounded 2 s after the kill
+        and abandon it rather than hang with it.
+        """
+        full = (*self.prefix, *argv)
+        try:
+            proc = subprocess.Popen(full, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=env, start_new_session=True)
+        except FileNotFoundError as exc:
+            return CommandResult(tuple(full), 127, "", f"{full[0]}: command not found ({exc.strerror})")
+        try:
+            out, err = proc.communicate(input=input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            raise CommandTimeout(f"`{' '.join(full)}` did not finish within {timeout:g}s") from None
+        return CommandResult(tuple(full), proc.returncode, out, err)
+
+    def fork_call(self, fn: Callable[..., None], *args: Any) -> ForkedChild:
+        """Run `fn(*args, out)` in a forked child and return at once, for a caller that reads
+        `out` (a pipe) to its own deadline and may abandon the child: one in D-state on a hung
+        filesystem can neither be killed nor waited for. A fork costs about a millisecond where
+        starting an interpreter costs a hundred. The child's stdin/stdout/stderr are /dev/null
+        and it keeps no other descriptor of ours, so an abandoned child holds none of our
+        streams (a caller reading our output would otherwise never see EOF)."""
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the caller's code
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                for name in os.listdir("/proc/self/fd"):
+                    if int(name) > 2 and int(name) != write_fd:
+                        try:
+                            os.close(int(name))
+                        except OSError:
+                            pass
+                with os.fdopen(write_fd, "wb", buffering=0) as out:
+                    fn(*args, out)
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        return ForkedChild(pid, os.fdopen(read_fd, "rb", buffering=0))
+
+    def collect(self, children: Mapping[K, tuple[ForkedChild, float]],
+                idle: Mapping[K, float] | None = None) -> dict[K, tuple[bytes, bool]]:
+        """Read what forked children (fork_call) wrote, each to its own deadline: collect_children."""
+        return collect_children(children, idle)
+
+    def spawn_detached(self, argv: list[str] | tuple[str, ...], log_path: str, cwd: str | None = None) -> int:
+        """Start a long-running command detached from us and return its pid, not waiting for it:
+        its own session (no terminal signals reach it, it outlives us), stdin from /dev/null,
+        stdout and stderr appended to `log_path`."""
+        full = (*self.prefix, *argv)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=cwd, start_new_session=True, close_fds=True)
+        return proc.pid
+
+    def which(self, name: str) -> str | None:
+        from shutil import which
+
+        return which(name)
+
+    def read_text(self, path: str) -> str:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            return fh.read()
+
+    def hostname(self) -> str:
+        return os.uname().nodename  # gethostname(2) without importing socket (~6 ms)
+
+    def signal(self, pid: int, sig: int) -> None:
+        # The last line of defence for "never PID 1, never ourselves", whatever a plan says.
+        if pid <= 1 or pid == os.getpid() or pid == os.getppid():
+            raise PermissionError(f"refusing to signal pid {pid}")
+        os.kill(pid, sig)
+
+    def pid_alive(self, pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # A zombie still answers kill(0); it holds nothing any more.
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, IndexError):
+            return False
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)

@@ -1,0 +1,399 @@
+"""Running reconcile on another machine: over SSH (`--host ssh://...`) or behind any exec prefix
+(`--via "pct exec 129 --"`, `--via "nsenter -t PID -m -p"`).
+
+The target runs its own reconcile: everything (systemd, NVML, mounts) is observed where it
+lives, by the same code as a local run, and the target's own lock and journal guard and
+record its apply. Here we only carry bytes: the state file goes to the far side's stdin
+(`reconcile diff --format json --state-label FILE -`), the JSON report comes back and is
+rendered here by the same renderer as a local report, so output and exit codes match.
+
+A short handshake (`reconcile version --json`) comes first, so a target without reconcile,
+or with an incompatible report format, gets one clear line instead of a far-side traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from .. import FORMAT_VERSION, __version__
+from .host import kill_group
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+DEFAULT_REMOTE_COMMAND = "reconcile"
+# The far side starts Python and imports reconcile after connecting: allow for a slow host.
+HANDSHAKE_GRACE = 30.0
+# A dead peer is noticed after SERVER_ALIVE_INTERVAL * SERVER_ALIVE_COUNT seconds of silence.
+SERVER_ALIVE_INTERVAL, SERVER_ALIVE_COUNT = 15, 3
+CONTROL_PERSIST = 60
+SSH_OPTS_ENV = "RECONCILE_SSH_OPTS"
+INSTALL_HINT = (f"install it there: python3 -m pip install 'reconcile-host=={__version__}' "
+                "(or from a checkout: python3 -m pip install /path/to/reconcile), "
+                "or name it with --remote-command, e.g. --remote-command 'python3 -m reconcile_host'")
+
+
+class RemoteError(Exception):
+    """One line for the user: the target could not be reached or cannot run this request."""
+
+
+class RemoteFailed(Exception):
+    """The far side's reconcile refused the request (bad state file, lock held, wrong host):
+    its stderr, passed through as it is."""
+
+    def __init__(self, stderr: str):
+        super().__init__(stderr)
+        self.stderr = stderr
+
+
+# --- targets -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    """How to start a command on the target: `prefix + remote command + args`."""
+
+    name: str                       # for messages: root@kpro6:22, or the via prefix
+    prefix: tuple[str, ...]
+    remote_command: tuple[str, ...] = (DEFAULT_REMOTE_COMMAND,)
+    shell: bool = False             # the prefix is ssh: the far side's shell parses one command line
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    short_host: str = ""            # host part, for the default state file name (before the handshake)
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        words = [*self.remote_command, *args]
+        # ssh hands its command words to the remote shell joined by spaces: quote them once.
+        return [*self.prefix, shlex.join(words)] if self.shell else [*self.prefix, *words]
+
+
+def parse_address(address: str) -> tuple[str | None, str, int | None]:
+    """ssh://[user@]host[:port] -> (user, host, port). Raises ValueError with a readable reason."""
+    if not address.startswith("ssh://"):
+        raise ValueError(f"invalid host {address!r}: expected ssh://[user@]host[:port]")
+    parts = urlsplit(address)
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.password:
+        raise ValueError(f"invalid host {address!r}: expected ssh://[user@]host[:port], nothing more")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"invalid host {address!r}: the port must be a number from 1 to 65535") from None
+    if not parts.hostname:
+        raise ValueError(f"invalid host {address!r}: no host name")
+    return parts.username or None, parts.hostname, port
+
+
+def control_dir() -> str | None:
+    """A private directory for ssh's connection-sharing sockets, or None (no sharing) when none can
+    be had safely: owned by us, mode 0700, a real directory, and short enough for a socket path."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    path = Path(runtime) / "reconcile-ssh" if runtime else Path(tempfile.gettempdir()) / f"reconcile-ssh-{os.getuid()}"
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    # %C expands to 40 hex digits; sun_path holds 108 bytes.
+    return str(path) if len(str(path)) + 41 < 100 else None
+
+
+def ssh_target(address: str, ssh_options: Sequence[str] = (), connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+               remote_command: str | None = None) -> Target:
+    user, host, port = parse_address(address)
+    # ssh takes the first value it sees for an option: the user's go before our defaults.
+    argv = ["ssh", *shlex.split(os.environ.get(SSH_OPTS_ENV, ""))]
+    for opt in ssh_options:
+        argv += ["-o", opt]
+    defaults = {
+        "BatchMode": "yes",  # never prompt: a password or host-key question would hang a parallel run
+        "ConnectTimeout": str(max(1, int(-(-connect_timeout // 1)))),
+        "ServerAliveInterval": str(SERVER_ALIVE_INTERVAL),
+        "ServerAliveCountMax": str(SERVER_ALIVE_COUNT),
+        "LogLevel": "ERROR",
+    }
+    cdir = control_dir()
+    if cdir:
+        defaults.update(ControlMaster="auto", ControlPath=f"{cdir}/%C", ControlPersist=str(CONTROL_PERSIST))
+    else:
+        defaults["ControlMaster"] = "no"
+    for key, value in defaults.items():
+        argv += ["-o", f"{key}={value}"]
+    if port:
+        argv += ["-p", str(port)]
+    # IPv6 literals go to ssh without brackets.
+    argv += ["--", f"{user}@{host}" if user else host]
+    name = f"{user + '@' if user else ''}{host}{f':{port}' if port else ''}"
+    return Target(name, tuple(argv), _split_remote(remote_command), shell=True,
+                  connect_timeout=connect_timeout, short_host=host.split(".", 1)[0])
+
+
+def via_target(via: str, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+               remote_command: str | None = None) -> Target:
+    try:
+        prefix = tuple(shlex.split(via))
+    except ValueError as exc:
+        raise ValueError(f"--via {via!r}: {exc}") from None
+    if not prefix:
+        raise ValueError("--via: empty command prefix")
+    return Target(via, prefix, _split_remote(remote_command), shell=Path(prefix[0]).name == "ssh",
+                  connect_timeout=connect_timeout)
+
+
+def _split_remote(command: str | None) -> tuple[str, ...]:
+    words = tuple(shlex.split(command or DEFAULT_REMOTE_COMMAND))
+    if not words:
+        raise ValueError("--remote-command: empty command")
+    return words
+
+
+# --- running a command on the target ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Outcome:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+class Deadline(Exception):
+    pass
+
+
+def _run(argv: list[str], stdin: bytes | None, timeout: float) -> Outcome:
+    """Run to completion or kill the whole process group at the deadline."""
+    if not shutil.which(argv[0]):
+        raise RemoteError(f"{argv[0]}: command not found here (needed to reach the target)")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise Deadline from None
+    except BaseException:  # Ctrl-C: do not leave the client running on its own
+        kill_group(proc)
+        raise
+    return Outcome(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                   time.monotonic() - t0)
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """The JSON object on stdout; a login script's chatter before it (a banner, a `echo` in
+    .bashrc) is skipped: the object starts at the first line that opens with `{`."""
+    start = 0 if text.startswith("{") else text.find("\n{") + 1
+    if not text or (start == 0 and not text.startswith("{")):
+        return None
+    try:
+        doc, _ = json.JSONDecoder().raw_decode(text, start)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+# --- the handshake ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RemoteInfo:
+    reconcile_version: str
+    format_version: str
+    hostname: str = ""
+    journal: str = ""  # the target's default journal path
+
+
+def _not_installed(target: Target, out: Outcome) -> bool:
+    err = out.stderr
+    cmd = target.remote_command[0]
+    if out.returncode == 127 or "No module named reconcile" in err or "No module named 'reconcile'" in err:
+        return True
+    return cmd in err and any(s in err for s in ("not found", "No such file or directory", "failed to execute"))
+
+
+def handshake(target: Target) -> RemoteInfo:
+    """`reconcile version --json` on the target; raises RemoteError with one clear line."""
+    argv = target.argv(["version", "--json"])
+    try:
+        out = _run(argv, None, target.connect_timeout + HANDSHAKE_GRACE)
+    except Deadline:
+        raise RemoteError(f"{target.name}: no answer within {target.connect_timeout + HANDSHAKE_GRACE:g}s "
+                          "(connecting and starting reconcile there)") from None
+    doc = _json_object(out.stdout) if out.returncode == 0 else None
+    if doc is None:
+        if out.returncode == 255 and target.prefix[0] == "ssh":
+            raise RemoteError(f"cannot reach {target.name}: {_last_line(out.stderr) or 'ssh exited 255'}")
+        if _not_installed(target, out):
+            raise RemoteError(f"reconcile is not installed on {target.name} "
+                              f"(`{shlex.join(target.remote_command)}`: {_last_line(out.stderr) or 'not found'}); "
+                              + INSTALL_HINT)
+        if "No such command 'version'" in out.stderr:
+            raise RemoteError(f"{target.name} runs a reconcile older than the handshake (no `version` command); "
+                              + INSTALL_HINT.replace("install it there", "install this version there"))
+        raise RemoteError(f"{target.name}: `{shlex.join(target.remote_command)} version --json` failed "
+                          f"(exit {out.returncode}): {_last_line(out.stderr) or _last_line(out.stdout) or 'no output'}")
+    info = RemoteInfo(str(doc.get("reconcile_version", "?")), str(doc.get("format_version", "?")),
+                      str(doc.get("hostname", "")), str(doc.get("journal", "")))
+    if info.format_version.split(".")[0] != FORMAT_VERSION.split(".")[0]:
+        raise RemoteError(f"{target.name} runs reconcile {info.reconcile_version} (report format "
+                          f"{info.format_version}); this reconcile {__version__} reads format {FORMAT_VERSION}: "
+                          + INSTALL_HINT.replace("install it there", "install the same version there"))
+    return info
+
+
+# --- a diff or apply on the target ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Request:
+    command: str                      # diff | apply
+    state: bytes
+    state_label: str
+    dry_run: bool = False
+    journal: str | None = None        # a path on the target
+    lock_timeout: str | None = None
+    timeout: float = 3600.0
+
+    def args(self) -> list[str]:
+        args = [self.command, "--format", "json", "--state-label", self.state_label]
+        if self.dry_run:
+            args.append("--dry-run")
+        if self.journal:
+            args += ["--journal", self.journal]
+        if self.lock_timeout:
+            args += ["--lock-timeout", self.lock_timeout]
+        return [*args, "-"]
+
+
+def execute(target: Target, request: Request, info: RemoteInfo | None = None) -> dict[str, Any]:
+    """Run the request on the target; the report's JSON form, or RemoteError / RemoteFailed."""
+    mutating = request.command == "apply" and not request.dry_run
+    journal = request.journal or (info.journal if info and info.journal else "its default journal path")
+    try:
+        out = _run(target.argv(request.args()), request.state, request.timeout)
+    except Deadline:
+        if mutating:
+            raise RemoteError(f"{target.name}: apply did not finish within {request.timeout:g}s and the connection "
+                              f"was closed; the target's journal at {journal} holds what was done; run again to "
+                              "reconverge (--lock-timeout waits for an apply still running there)") from None
+        raise RemoteError(f"{target.name}: {request.command} did not finish within {request.timeout:g}s") from None
+    doc = _json_object(out.stdout)
+    if doc is not None and "exit_code" in doc and "resources" in doc:
+        return doc
+    if out.returncode == 1 and not out.stdout.strip():
+        raise RemoteFailed(out.stderr)
+    why = _last_line(out.stderr) or f"exit {out.returncode}, no report"
+    if mutating:
+        raise RemoteError(f"connection lost during apply on {target.name} ({why}); the target's journal at "
+                          f"{journal} holds what was done; run again to reconverge "
+                          "(--lock-timeout waits for an apply still running there)")
+    raise RemoteError(f"connection lost during {request.command} on {target.name}: {why}")
+
+
+def read_state(path: str) -> bytes:
+    """The state file's bytes, read here; the target validates them. Errors as the loader words them."""
+    import sys
+
+    if path == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise RemoteFailed(f"{path}:1:1: no such file\n") from None
+    except IsADirectoryError:
+        raise RemoteFailed(f"{path}:1:1: is a directory, not a state file\n") from None
+    except OSError as exc:
+        raise RemoteFailed(f"{path}:1:1: cannot read: {exc.strerror}\n") from None
+
+
+def resolve_state_file(given: str | None, info: RemoteInfo, target: Target) -> str:
+    """FILE, else $RECONCILE_STATE, else states/<target's short hostname>.yaml, else ./state.yaml."""
+    if given:
+        return given
+    if os.environ.get("RECONCILE_STATE"):
+        return os.environ["RECONCILE_STATE"]
+    short = (info.hostname or target.short_host).split(".", 1)[0]
+    tried = ["$RECONCILE_STATE (unset)"]
+    for candidate in ([f"states/{short}.yaml"] if short else []) + ["state.yaml"]:
+        if Path(candidate).is_file():
+            return candidate
+        tried.append(candidate)
+    raise RemoteError(f"no state file given and none found for {target.name}; tried {', '.join(tried)}")
+
+
+# --- the command line's entry point --------------------------------------------------------
+
+@dataclass
+class RemoteOptions:
+    host: str | None = None
+    via: str | None = None
+    remote_command: str | None = None
+    ssh_options: tuple[str, ...] = ()
+    connect_timeout: str | None = None
+    remote_timeout: str | None = None
+    inventory: str | None = None
+    limit: str | None = None
+    parallel: int = 10
+    report_dir: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # other options given: flag -> value
+
+    @property
+    def wanted(self) -> bool:
+        return bool(self.host or self.via or self.inventory)
+
+
+def duration_option(value: str | None, flag: str, default: float) -> float:
+    from ..pipeline.values import parse_duration
+
+    if value is None:
+        return default
+    try:
+        return parse_duration(value)
+    except ValueError:
+        raise RemoteError(f"{flag}: invalid duration {value!r} (use e.g. 10s, 5m)") from None
+
+
+def make_target(opts: RemoteOptions) -> Target:
+    timeout = duration_option(opts.connect_timeout, "--connect-timeout", DEFAULT_CONNECT_TIMEOUT)
+    try:
+        if opts.host:
+            return ssh_target(opts.host, opts.ssh_options, timeout, opts.remote_command)
+        return via_target(opts.via or "", timeout, opts.remote_command)
+    except ValueError as exc:
+        raise RemoteError(str(exc)) from None
+
+
+def _is_saved_plan(path: str) -> bool:
+    try:
+        from ..pipeline.plans import is_saved_plan
+    except ImportError:
+        return False
+    return is_saved_plan(path)
+
+
+def run_on_target(command: str, file: str | None, opts: RemoteOptions, run_timeout: float, *,
+                  dry_run: bool = False, journal: str | None = None,
+                  lock_timeout: str | None = None) -> dict[str, Any]:
+    """diff / apply on the one target of --host or --via: the far side's JSON report."""
+    if command == "apply" and file and file != "-" and _is_saved_plan(file):
+        raise RemoteError(f"{file} is a saved plan: it applies on the host it was made on; "
+                          "give the state file with --host/--via")
+    target = make_target(opts)
+    info = handshake(target)
+    path = resolve_state_file(file, info, target)
+    label = "<stdin>" if path == "-" else path
+    request = Request(command, read_state(path), label, dry_run, journal, lock_timeout, run_timeout)
+    return execute(target, request, info)

@@ -1,0 +1,226 @@
+"""The reconciler contract and the plain data that flows through the pipeline.
+
+Everything here is a frozen dataclass or an enum: a drift, a plan and a result
+print, serialise to the JSON contract and are tested without touching a host.
+Only `Reconciler.observe` and `Reconciler.apply` reach the host, and only
+through the `Host` object they are handed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:  # the Host interface: kinds are handed one, they never import a door
+    from ..machines.host import Host
+
+
+class Status(str, enum.Enum):
+    OK = "ok"
+    DRIFT = "drift"
+    CONVERGING = "converging"  # drift that is being worked off as intended (a long job running)
+    BLOCKED = "blocked"  # drift that reconcile must not or cannot fix on its own
+    ERROR = "error"  # the resource could not be observed or acted on
+
+
+class Result(str, enum.Enum):
+    PLANNED = "planned"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One declared item of the state file, e.g. one unit or the `gpus` block."""
+
+    id: str  # "unit:vllm.service", "gpus", "mount:/data", "extraction:eagle3"
+    kind: str  # "unit", "gpus", "mount", "extraction"
+    name: str  # the key under the kind's section ("gpus" for the singleton)
+    spec: Mapping[str, Any]  # the declared fields, normalised (sizes in bytes, durations in seconds)
+    needs: tuple[str, ...] = ()
+    # How long verification may poll for the host to settle after acting (GPU memory release).
+    settle: float = 0.0
+
+
+@dataclass(frozen=True)
+class Drift:
+    field: str
+    want: Any
+    have: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return {"field": self.field, "want": self.want, "have": self.have}
+
+
+@dataclass(frozen=True)
+class Action:
+    action: str  # verb: "stop", "disable", "terminate", "mount", "quarantine", "start"
+    target: str  # what it acts on: a unit name, "pid 1234", a path
+    description: str = ""  # one human line, e.g. "terminate 4242 (python) holding 75800 MiB on GPU 0"
+    params: Mapping[str, Any] = field(default_factory=dict)  # what apply needs; saved with a plan
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"action": self.action, "target": self.target}
+        if self.description:
+            out["description"] = self.description
+        if self.params:
+            out["params"] = dict(self.params)
+        return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a reconciler would do about one resource's drift."""
+
+    actions: tuple[Action, ...] = ()
+    # Set when (part of) the drift cannot be fixed by reconcile: a person must act.
+    blocked: str | None = None
+    # Set when the drift is being worked off already (a job running towards its target).
+    converging: str | None = None
+    # Free-form detail for the report (progress, per-GPU memory lines, ...).
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    action: Action
+    result: Result
+    message: str = ""
+    started: float = 0.0  # epoch seconds
+    finished: float = 0.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a command run through Host.run gave."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def brief(self) -> str:
+        """The command and its first error line, for messages."""
+        err = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        return f"`{' '.join(self.argv)}` exited {self.returncode}" + (f": {err[0]}" if err else "")
+
+
+class CommandTimeout(Exception):
+    """A command run through Host.run missed its deadline (it was killed)."""
+
+
+class ObserveError(Exception):
+    """The host could not tell us the state of a resource: never read as 'absent' or 'inactive'."""
+
+
+class ApplyError(Exception):
+    """An action could not be carried out."""
+
+
+def run_action(host: Host, argv: Sequence[str], timeout: float) -> str:
+    """Run the command that carries out an action (`systemctl stop`, `mount`): its output on
+    one line, or ApplyError when it misses its deadline or exits non-zero."""
+    try:
+        res = host.run(list(argv), timeout=timeout)
+    except CommandTimeout as exc:
+        raise ApplyError(str(exc)) from None
+    if not res.ok:
+        raise ApplyError(res.brief())
+    return (res.stderr.strip() or res.stdout.strip()).replace("\n", "; ")
+
+
+def utc_iso(t: float | None = None, millis: bool = False) -> str:
+    """An epoch time (default: now) as ISO 8601 UTC, `2026-11-29T16:40:01Z` or, with millis,
+    `2026-11-29T16:40:01.120Z`: the one timestamp format of journals, plans and manifests."""
+    if t is None:
+        t = time.time()
+    text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
+    return text + (f".{int((t % 1) * 1000):03d}Z" if millis else "Z")
+
+
+def to_plain(value: Any) -> Any:
+    """Dataclasses, enums, tuples and mappings to JSON-ready values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a reconciler may know about the rest of the declared state while planning.
+
+    Kept deliberately small: the ids of all declared resources and their specs by id,
+    so that, e.g., the GPU reconciler can defer to a declared unit instead of acting twice.
+    """
+
+    resources: Mapping[str, Resource] = field(default_factory=dict)
+    dry_run: bool = True
+
+
+class Reconciler:
+    """One resource kind: observe -> diff -> plan -> apply.
+
+    Verification is not a separate code path: the engine observes and diffs again
+    after applying, so it can never disagree with `diff`.
+    """
+
+    key: ClassVar[str]  # top-level key in the state file: "units"
+    kind: ClassVar[str]  # id prefix and report kind: "unit"
+    rank: ClassVar[int]  # default order when `needs` is silent (lower first)
+    # Drift fields (fnmatch patterns) whose observed value moves by itself (memory in use, free
+    # space, a progress counter): a saved plan's fingerprint keeps their field and want, not the have.
+    volatile_drift: ClassVar[tuple[str, ...]] = ()
+    # True when observe() forks (Host.fork_call): the engine then observes this kind before
+    # starting the threads that observe the others.
+    forks_to_observe: ClassVar[bool] = False
+
+    def observe_deadline(self, resources: Sequence[Resource]) -> float | None:
+        """Seconds observe() may take, run in a forked child; None: observe in this process.
+
+        A kind whose observation can block in the kernel for good (NVML on a wedged driver, a
+        listing on a hung filesystem) gives a deadline: the engine then observes it in a child
+        it can abandon and report, and the child runs beside the other kinds on another CPU.
+        A kind that calls `host.heartbeat()` as it makes progress says so with `observe_idle`."""
+        return None
+
+    # True: the deadline is for a stretch WITHOUT progress (host.heartbeat()), not the whole
+    # observation (a first integrity check of a million files takes minutes, a hung mount forever).
+    observe_idle: ClassVar[bool] = False
+
+    def resources(self, section: Any) -> list[Resource]:
+        raise NotImplementedError
+
+    def observe(self, host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
+        """Observed state by resource id. Batched: one host call for all resources of the kind
+        where the host allows it. An id may map to an ObserveError instance for a resource
+        that could not be observed while the others could."""
+        raise NotImplementedError
+
+    def diff(self, resource: Resource, observed: Any) -> list[Drift]:
+        raise NotImplementedError
+
+    def plan(self, resource: Resource, observed: Any, drift: Sequence[Drift], ctx: Context) -> Plan:
+        raise NotImplementedError
+
+    def apply(self, host: Host, resource: Resource, action: Action) -> str:
+        """Carry out one planned action; return a short message. Raise ApplyError on failure."""
+        raise NotImplementedError
+
+    def summary(self, resource: Resource, observed: Any) -> str:
+        """One line for the report describing the observed state (optional)."""
+        return ""

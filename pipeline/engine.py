@@ -1,0 +1,430 @@
+"""The pipeline: observe -> diff -> plan -> apply -> verify, in `needs` order.
+
+The engine owns ordering, the apply passes, verification, the journal and the
+status of each resource; reconcilers only answer for their own kind. Verification
+is the reconciler's own observe + diff run again, so it can never disagree with
+`diff`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..machines.host import HEARTBEAT, ForkedChild, Host, collect_children
+from ..reconcilers import key_of, reconciler_for
+from .contract import (
+    Action,
+    ActionResult,
+    ApplyError,
+    Context,
+    Drift,
+    ObserveError,
+    Plan,
+    Reconciler,
+    Resource,
+    Result,
+    Status,
+    to_plain,
+    utc_iso,
+)
+from .report import ResourceReport, RunReport
+from .statefile import LoadedState
+from .values import format_duration
+
+# A resource is worked on in passes (plan, act, observe) until nothing is left to do,
+# like a controller requeueing: some fixes only show their next step once the first is
+# done (unmask, then disable). Bounded, and a pass after which the resource looks exactly
+# as before stops the loop: no progress is not retried.
+MAX_PASSES = 3
+SETTLE_POLL = 0.25
+
+
+class HostMismatch(Exception):
+    pass
+
+
+def host_matches(pattern: str | None, hostname: str) -> bool:
+    if not pattern:
+        return True
+    short = hostname.split(".", 1)[0]
+    return fnmatch.fnmatchcase(hostname, pattern) or fnmatch.fnmatchcase(short, pattern)
+
+
+def judge(drift: Sequence[Drift], plan: Plan) -> Status:
+    """A resource's status from its drift and the plan for it, the same for diff and apply."""
+    if not drift:
+        return Status.OK
+    if plan.converging:
+        return Status.CONVERGING
+    if plan.blocked:
+        return Status.BLOCKED
+    return Status.DRIFT
+
+
+def _plan_message(plan: Plan) -> str:
+    return "; ".join(m for m in (plan.blocked, plan.converging, plan.message) if m)
+
+
+def observe_group(rec: Reconciler, host: Host, group: list[Resource]) -> dict[str, Any]:
+    """One kind's observation by id; an ObserveError for what could not be observed."""
+    try:
+        found = rec.observe(host, group)
+    except ObserveError as exc:
+        found = {r.id: exc for r in group}
+    except Exception as exc:  # a bug in a reconciler must not hide the other resources
+        if os.environ.get("RECONCILE_DEBUG"):
+            raise
+        found = {r.id: ObserveError(f"internal error while observing: {type(exc).__name__}: {exc}")
+                 for r in group}
+    return {r.id: found.get(r.id, ObserveError("not observed")) for r in group}
+
+
+def observe_to_pipe(rec: Reconciler, host: Host, group: list[Resource], out: Any) -> None:
+    """In a forked child: observe one kind and write the pickled result."""
+    import pickle
+
+    host.heartbeat_to = out  # this child's copy of the host: its heartbeats go to the parent
+    try:
+        payload = pickle.dumps(("observed", observe_group(rec, host, group)))
+    except BaseException:  # a bug let through by RECONCILE_DEBUG, or an observation pickle refuses
+        import traceback
+
+        payload = pickle.dumps(("bug", traceback.format_exc()))
+    out.write(payload)
+
+
+def start_observer(rec: Reconciler, host: Host, group: Sequence[Resource]) -> tuple[ForkedChild, float] | None:
+    """Fork the child that observes `group`, with its deadline, when the kind observes in one
+    (`observe_deadline`); None when it observes in this process. OSError when the fork fails."""
+    seconds = rec.observe_deadline(group) if group else None
+    if seconds is None:
+        return None
+    return host.fork_call(observe_to_pipe, rec, host, list(group)), time.monotonic() + seconds
+
+
+class Prefetch:
+    """Observation started while the state file is still being built (`statefile.load(on_kind=)`).
+
+    A kind observed in a child (`observe_deadline`) is forked as soon as its resources exist, so
+    its slow part (pynvml's import in the GPU child, about 50 ms) runs on another CPU while the
+    other kinds are imported and built; Engine.observe takes the child over. For read-only
+    commands only (diff, apply --dry-run): apply observes after taking its lock."""
+
+    def __init__(self, host: Host | None = None):
+        self.host = host or Host()
+        self._started: dict[frozenset[str], tuple[ForkedChild, float]] = {}
+
+    def __call__(self, rec: Reconciler, resources: Sequence[Resource]) -> None:
+        try:
+            started = start_observer(rec, self.host, resources)
+        except OSError:
+            return  # Engine.observe tries again and reports what goes wrong
+        if started is not None:
+            self._started[frozenset(r.id for r in resources)] = started
+
+    def take(self, group: Sequence[Resource]) -> tuple[ForkedChild, float] | None:
+        """The child observing exactly these resources, once."""
+        return self._started.pop(frozenset(r.id for r in group), None)
+
+
+class Engine:
+    def __init__(self, state: LoadedState, host: Host | None = None,
+                 journal: Callable[[dict[str, Any]], None] | None = None,
+                 clock: Callable[[], float] = time.time, prefetch: Prefetch | None = None):
+        self.state = state
+        self.host = host or Host()
+        self.prefetch = prefetch
+        self.journal = journal
+        self.clock = clock
+        self._reconcilers: dict[str, Reconciler] = {}
+        self.ctx = Context(resources=state.by_id)
+
+    def reconciler(self, resource: Resource) -> Reconciler:
+        key = key_of(resource.kind)
+        if key is None:
+            raise KeyError(f"no kind {resource.kind!r} in the registry (reconcilers/__init__.py)")
+        if key not in self._reconcilers:
+            self._reconcilers[key] = reconciler_for(key)
+        return self._reconcilers[key]
+
+    # --- observe ---------------------------------------------------------------------
+
+    def observe(self, resources: Sequence[Resource]) -> dict[str, Any]:
+        """Observed state (or an ObserveError) by id, one batched call per kind.
+
+        Kinds are observed at the same time: kinds with an `observe_deadline` each in a forked
+        child (abandoned and reported when late; it also runs on another CPU), the others in
+        threads, since most of their time goes to waiting (systemctl, a probe child). Children,
+        and kinds that fork (`forks_to_observe`), go first, before any thread exists: forking
+        a threaded process can leave the child stuck on a lock another thread held."""
+        by_kind: dict[str, list[Resource]] = {}
+        for r in resources:
+            by_kind.setdefault(r.kind, []).append(r)
+        found: dict[str, Any] = {}
+        children: dict[str, tuple[ForkedChild, float]] = {}
+        in_process: list[list[Resource]] = []
+        for group in by_kind.values():
+            started = self.prefetch.take(group) if self.prefetch else None
+            try:
+                started = started or start_observer(self.reconciler(group[0]), self.host, group)
+            except OSError as exc:
+                found.update({r.id: ObserveError(f"cannot start a child to observe {r.kind}: {exc.strerror}")
+                              for r in group})
+                continue
+            if started is None:
+                in_process.append(group)
+            else:
+                children[group[0].kind] = started
+        forking = [g for g in in_process if self.reconciler(g[0]).forks_to_observe]
+        threaded = [g for g in in_process if not self.reconciler(g[0]).forks_to_observe]
+        for group in forking:
+            found.update(self._observe_kind(group))
+        if threaded:
+            found.update(self._observe_threaded(threaded))
+        if children:
+            found.update(self._collect(by_kind, children))
+        return {r.id: found[r.id] for r in resources}
+
+    def _observe_threaded(self, groups: list[list[Resource]]) -> dict[str, Any]:
+        """One thread per kind but the first, which this thread observes itself."""
+        import threading
+
+        results: list[dict[str, Any] | BaseException] = [{} for _ in groups]
+
+        def work(i: int) -> None:
+            try:
+                results[i] = self._observe_kind(groups[i])
+            except BaseException as exc:  # only with RECONCILE_DEBUG: raised again below
+                results[i] = exc
+
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(1, len(groups))]
+        for t in threads:
+            t.start()
+        work(0)
+        for t in threads:
+            t.join()
+        found: dict[str, Any] = {}
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            found.update(result)
+        return found
+
+    def _collect(self, by_kind: Mapping[str, list[Resource]],
+                 children: Mapping[str, tuple[ForkedChild, float]]) -> dict[str, Any]:
+        import pickle
+
+        found: dict[str, Any] = {}
+        seconds = {kind: self.reconciler(by_kind[kind][0]).observe_deadline(by_kind[kind]) or 0.0
+                   for kind in children}
+        idle = {kind: seconds[kind] for kind in children if self.reconciler(by_kind[kind][0]).observe_idle}
+        for kind, (said, finished) in collect_children(children, idle).items():
+            group, child = by_kind[kind], children[kind][0]
+            if not finished:
+                within = f"{'made no progress for' if kind in idle else 'did not finish within'} " \
+                         f"{format_duration(seconds[kind])}"
+                found.update({r.id: ObserveError(
+                    f"observing {r.kind} {within}: the host does not answer (a wedged driver or a hung "
+                    f"filesystem?); observer pid {child.pid} abandoned") for r in group})
+                continue
+            try:
+                tag, value = pickle.loads(said.lstrip(HEARTBEAT))
+            except Exception:
+                tag, value = "died", f"the observer exited {child.returncode} without an answer"
+            if tag == "observed":
+                found.update(value)
+                continue
+            if tag == "bug" and os.environ.get("RECONCILE_DEBUG"):
+                raise RuntimeError(f"observing {kind} failed in its child:\n{value}")
+            reason = value.strip().splitlines()[-1] if tag == "bug" else value
+            found.update({r.id: ObserveError(f"internal error while observing: {reason}") for r in group})
+        return found
+
+    def _observe_kind(self, group: list[Resource]) -> dict[str, Any]:
+        return observe_group(self.reconciler(group[0]), self.host, group)
+
+    def _assess(self, r: Resource, obs: Any) -> tuple[list[Drift], Plan]:
+        rec = self.reconciler(r)
+        drift = rec.diff(r, obs)
+        return drift, rec.plan(r, obs, drift, self.ctx)
+
+    def _report(self, r: Resource, obs: Any, actions: Sequence[ActionResult] = (),
+                extra: str = "", status: Status | None = None) -> ResourceReport:
+        if isinstance(obs, ObserveError):
+            return ResourceReport(r, Status.ERROR, actions=tuple(actions),
+                                  message="; ".join(m for m in (str(obs), extra) if m))
+        drift, plan = self._assess(r, obs)
+        planned = tuple(ActionResult(a, Result.PLANNED) for a in plan.actions) if not actions else ()
+        return ResourceReport(
+            r, status or judge(drift, plan), tuple(drift), tuple(actions) or planned,
+            "; ".join(m for m in (extra, _plan_message(plan)) if m), obs,
+            self.reconciler(r).summary(r, obs),
+        )
+
+    # --- diff ------------------------------------------------------------------------
+
+    def diff(self, command: str = "diff") -> RunReport:
+        started = self.clock()
+        observed = self.observe(self.state.resources)
+        reports = []
+        for r in self.state.resources:
+            try:
+                reports.append(self._report(r, observed[r.id]))
+            except Exception as exc:
+                if os.environ.get("RECONCILE_DEBUG"):
+                    raise
+                reports.append(ResourceReport(r, Status.ERROR, message=f"internal error: {exc!r}"))
+        return self._run_report(command, reports, started, dry_run=command != "diff")
+
+    def _run_report(self, command: str, reports: list[ResourceReport], started: float,
+                    dry_run: bool = False) -> RunReport:
+        hostname = self.host.hostname()
+        matches = host_matches(self.state.host, hostname)
+        notes = () if matches else (f"this host is {hostname!r}, the state file is for {self.state.host!r}",)
+        return RunReport(command, self.state.path, hostname, tuple(reports), self.state.host, matches,
+                         dry_run, started, self.clock(), notes)
+
+    # --- apply -----------------------------------------------------------------------
+
+    def apply(self, on_result: Callable[[ResourceReport], None] | None = None,
+              only: Mapping[str, Collection[tuple[str, str]]] | None = None) -> RunReport:
+        """Act on every resource. `only` (resource id -> allowed (action, target) pairs), when given,
+        limits what is carried out, e.g. to a saved plan: other planned actions are reported as skipped."""
+        started = self.clock()
+        hostname = self.host.hostname()
+        if not host_matches(self.state.host, hostname):
+            raise HostMismatch(f"this host is {hostname!r}, but {self.state.path} is for "
+                               f"{self.state.host!r}: refusing to apply")
+        observed = self.observe(self.state.resources)  # all at once, before anything is changed
+        host_changed = False
+        final: dict[str, ResourceReport] = {}
+
+        for r in self.state.resources:
+            try:
+                if host_changed:
+                    # Something acted since this was observed (a unit stop frees GPUs): look again,
+                    # giving the host the resource's settle time to catch up with that change.
+                    observed[r.id] = self._verify(r)
+                report, changed = self._apply_one(r, observed[r.id], final, only)
+            except Exception as exc:
+                if os.environ.get("RECONCILE_DEBUG"):
+                    raise
+                report, changed = ResourceReport(r, Status.ERROR, message=f"internal error: {exc!r}"), False
+            host_changed = host_changed or changed
+            final[r.id] = report
+            if on_result:
+                on_result(report)
+        return self._run_report("apply", [final[r.id] for r in self.state.resources], started)
+
+    def _apply_one(self, r: Resource, obs: Any, final: dict[str, ResourceReport],
+                   only: Mapping[str, Collection[tuple[str, str]]] | None = None) -> tuple[ResourceReport, bool]:
+        if isinstance(obs, ObserveError):
+            return self._report(r, obs), False
+        unmet = [n for n in r.needs if n in final and final[n].status is not Status.OK]
+        if unmet:
+            drift, plan = self._assess(r, obs)
+            if not drift:
+                return self._report(r, obs), False
+            skipped = tuple(ActionResult(a, Result.SKIPPED) for a in plan.actions)
+            why = ", ".join(f"{n} is {final[n].status.value}" for n in unmet)
+            return ResourceReport(r, Status.BLOCKED, tuple(drift), skipped,
+                                  f"not acted on: needs not ok ({why})", obs,
+                                  self.reconciler(r).summary(r, obs)), False
+
+        rec = self.reconciler(r)
+        results: list[ActionResult] = []
+        failure = ""
+        allowed = None if only is None else set(only.get(r.id, ()))
+        not_allowed: dict[tuple[str, str], Action] = {}
+        for _ in range(MAX_PASSES):
+            drift, plan = self._assess(r, obs)
+            actions = plan.actions
+            if allowed is not None:
+                not_allowed.update({(a.action, a.target): a for a in actions if (a.action, a.target) not in allowed})
+                actions = tuple(a for a in actions if (a.action, a.target) in allowed)
+            if not actions:
+                break
+            before = to_plain(obs)
+            pass_results = []
+            for action in actions:
+                t0 = self.clock()
+                try:
+                    msg = rec.apply(self.host, r, action)
+                    pass_results.append(ActionResult(action, Result.DONE, msg or "", t0, self.clock()))
+                except (ApplyError, PermissionError, OSError) as exc:
+                    pass_results.append(ActionResult(action, Result.FAILED, str(exc), t0, self.clock()))
+                    failure = f"{action.action} {action.target} failed: {exc}"
+                    break
+            obs = self._verify(r)
+            after = None if isinstance(obs, ObserveError) else to_plain(obs)
+            self._journal(r, pass_results, before, after)
+            results.extend(pass_results)
+            # Actions the failed one would have been followed by are reported as skipped.
+            if failure:
+                done = {id(p.action) for p in pass_results}
+                results.extend(ActionResult(a, Result.SKIPPED) for a in actions if id(a) not in done)
+                break
+            if isinstance(obs, ObserveError) or after == before:
+                break  # unobservable now, or the pass changed nothing: another would not either
+
+        refused = ""
+        if not_allowed:
+            results.extend(ActionResult(a, Result.SKIPPED, "not in the saved plan") for a in not_allowed.values())
+            refused = f"{len(not_allowed)} planned action(s) not carried out: not in the saved plan"
+        changed = any(a.result is Result.DONE for a in results)
+        if not results:
+            return self._report(r, obs), False
+        report = self._report(r, obs, results, extra="; ".join(m for m in (failure, refused) if m))
+        if report.status is Status.OK and failure:
+            report = replace(report, status=Status.DRIFT)
+        elif report.status is Status.DRIFT and (changed or failure):
+            report = replace(report, message="; ".join(
+                m for m in ("not verified: drift remains after acting", report.message) if m))
+        return report, changed
+
+    def _verify(self, r: Resource) -> Any:
+        """Observe again; poll up to the resource's settle time for the drift to clear."""
+        deadline = time.monotonic() + r.settle
+        while True:
+            obs = self.observe([r])[r.id]
+            if isinstance(obs, ObserveError):
+                return obs
+            drift, _ = self._assess(r, obs)
+            if not drift or time.monotonic() >= deadline:
+                return obs
+            time.sleep(min(SETTLE_POLL, max(0.0, deadline - time.monotonic())))
+
+    def _journal(self, r: Resource, results: Sequence[ActionResult], before: Any, after: Any) -> None:
+        if not self.journal:
+            return
+        for res in results:
+            self.journal({
+                "time": utc_iso(res.finished or self.clock(), millis=True),
+                "started": utc_iso(res.started, millis=True) if res.started else None,
+                "resource": r.id,
+                "action": res.action.action,
+                "target": res.action.target,
+                "description": res.action.description,
+                "result": res.result.value,
+                "message": res.message,
+                "before": before,
+                "after": after,
+            })
+
+
+@dataclass
+class ActionLog:
+    """Collects journal entries in memory (tests, saved plans)."""
+
+    entries: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, entry: dict[str, Any]) -> None:
+        self.entries.append(entry)
+
+
+__all__ = ["Engine", "RunReport", "ResourceReport", "HostMismatch", "judge", "host_matches", "Action"]

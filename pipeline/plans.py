@@ -1,0 +1,275 @@
+"""Saved plans, as Terraform has them: `reconcile diff --out plan.json`, then `reconcile apply plan.json`.
+
+A plan file is the JSON report of the diff plus what is needed to tell, at apply time,
+whether it still describes the host:
+
+  plan_format     "1"; a plan file is told from a state file by this key
+  state_file      the absolute path and sha256 of the state file the plan was made from
+  host            the host name the plan was observed on
+  fingerprints    per resource id, sha256 of what the plan decided about it (see `fingerprint`)
+  report          the diff's JSON report (format_version "1"), the planned actions included
+
+The fingerprint rule: a resource's fingerprint is the hash of its status, its drift (field,
+want, have) and its planned actions (verb, target, params; not the human description). So
+"the fingerprints match" means "the plan computed now is the saved plan". Any observed
+change that does not change the plan (a PID of an ok unit, a timestamp) is ignored by
+construction; any change that does (the unit was stopped meanwhile, a different process
+holds the GPU) refuses the plan. Drift values that move by themselves (GPU memory in use,
+free space, a progress counter) would make every plan stale within seconds: a reconciler
+names those drift fields in `volatile_drift`, and only their field and want are hashed.
+
+Apply re-reads the state file named in the plan (refused if its bytes changed), takes the
+lock, observes, compares the fingerprints (refused, exit 1, naming each resource that
+changed and how), then runs the ordinary engine limited to the saved actions: anything the
+engine would plan beyond them (a step revealed only after the first, a new process) is
+reported as skipped, never carried out.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .report import RunReport
+
+from .. import FORMAT_VERSION, __version__
+from .contract import utc_iso
+from .values import format_value
+
+PLAN_FORMAT = "1"
+_SNIFF_BYTES = 4096
+
+
+class PlanError(Exception):
+    """A saved plan that cannot be applied; the message says why (first line) and what changed."""
+
+
+# --- fingerprints ----------------------------------------------------------------------
+
+def _volatile(kind: str) -> tuple[str, ...]:
+    from ..reconcilers import key_of, reconciler_class
+
+    key = key_of(kind)
+    if key is None:
+        return ()
+    return tuple(getattr(reconciler_class(key), "volatile_drift", ()))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+
+
+def decision(res: Mapping[str, Any], volatile: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """What the plan decided about one resource (from its JSON report entry): the hashed content."""
+    if volatile is None:
+        volatile = _volatile(res["kind"])
+    drift = []
+    for d in res.get("drift", []):
+        moving = any(fnmatch.fnmatchcase(d["field"], p) for p in volatile)
+        drift.append({"field": d["field"], "want": d["want"], "have": None if moving else d["have"],
+                      **({"volatile": True} if moving else {})})
+    actions = [{"action": a["action"], "target": a["target"], "params": a.get("params", {})}
+               for a in res.get("actions", [])]
+    return {"id": res["id"], "status": res["status"], "drift": drift, "actions": actions}
+
+
+def fingerprint(res: Mapping[str, Any], volatile: tuple[str, ...] | None = None) -> str:
+    return hashlib.sha256(_canonical(decision(res, volatile)).encode()).hexdigest()
+
+
+def fingerprints(doc: Mapping[str, Any]) -> dict[str, str]:
+    cache: dict[str, tuple[str, ...]] = {}
+    out = {}
+    for res in doc["resources"]:
+        if res["kind"] not in cache:
+            cache[res["kind"]] = _volatile(res["kind"])
+        out[res["id"]] = fingerprint(res, cache[res["kind"]])
+    return out
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+# --- writing and reading -----------------------------------------------------------------
+
+
+def make_plan(doc: dict[str, Any], state_path: str, created: float | None = None) -> dict[str, Any]:
+    return {
+        "plan_format": PLAN_FORMAT,
+        "format_version": FORMAT_VERSION,
+        "reconcile_version": __version__,
+        "created": utc_iso(created),
+        "host": doc["host"],
+        "state_file": {"path": str(Path(state_path).resolve()), "sha256": file_sha256(state_path)},
+        "fingerprints": fingerprints(doc),
+        "report": doc,
+    }
+
+
+def write_plan(doc: dict[str, Any], state_path: str, out: str | os.PathLike) -> dict[str, Any]:
+    """Write the plan atomically (a half-written plan must never be applied)."""
+    from .atomic import write_json
+
+    plan = make_plan(doc, state_path)
+    write_json(out, plan, indent=2)
+    return plan
+
+
+def is_saved_plan(path: str | os.PathLike) -> bool:
+    """A JSON object with a plan_format key; a state file (YAML, or JSON with `version`) is not."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+            if not head.lstrip().startswith(b"{"):
+                return False
+            doc = json.loads(head + fh.read())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "plan_format" in doc
+
+
+def load_plan(path: str | os.PathLike) -> dict[str, Any]:
+    try:
+        plan = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"cannot read the saved plan {path}: {exc}") from None
+    if plan.get("plan_format") != PLAN_FORMAT:
+        raise PlanError(f"{path}: plan format {plan.get('plan_format')!r} is not one this reconcile reads "
+                        f"({PLAN_FORMAT!r}); make the plan again with this version")
+    for key in ("state_file", "host", "fingerprints", "report"):
+        if key not in plan:
+            raise PlanError(f"{path}: not a complete saved plan (no {key!r})")
+    return plan
+
+
+# --- comparing -------------------------------------------------------------------------
+
+def _describe(res: Mapping[str, Any] | None) -> str:
+    if res is None:
+        return "not declared"
+    parts = [res["status"]]
+    if res.get("drift"):
+        parts.append(", ".join(f"{d['field']}: {format_value(d['have'])} -> {format_value(d['want'])}"
+                               for d in res["drift"]))
+    acts = [f"{a['action']} {a['target']}" for a in res.get("actions", [])]
+    parts.append("actions: " + (", ".join(acts) if acts else "none"))
+    if res["status"] == "error" and res.get("message"):
+        parts.append(res["message"].split("\n", 1)[0])
+    return "; ".join(parts)
+
+
+def changes(plan: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """One line per resource whose plan differs now from the saved one; empty when the plan holds."""
+    saved = {r["id"]: r for r in plan["report"]["resources"]}
+    current = {r["id"]: r for r in now["resources"]}
+    now_fp = fingerprints(now)
+    lines = []
+    for rid in list(saved) + [i for i in current if i not in saved]:
+        if plan["fingerprints"].get(rid) == now_fp.get(rid):
+            continue
+        lines.append(f"{rid}: planned {_describe(saved.get(rid))}; now {_describe(current.get(rid))}")
+        before, after = (saved.get(rid) or {}).get("observed"), (current.get(rid) or {}).get("observed")
+        if before is not None and after is not None:
+            seen = observed_changes(before, after)
+            if seen:
+                lines.append(f"  observed since the plan: {seen}")
+    return lines
+
+
+def observed_changes(before: Any, after: Any, limit: int = 8) -> str:
+    """What changed in a resource's observation between the plan and now, field by field,
+    e.g. "active_state: active -> inactive". deepdiff is imported only here, when a plan is
+    refused (it costs ~80 ms to import)."""
+    from deepdiff import DeepDiff
+
+    diff = DeepDiff(before, after, verbose_level=2)
+    parts = []
+    for kind in ("values_changed", "type_changes"):
+        for path, change in diff.get(kind, {}).items():
+            parts.append(f"{_field(path)}: {format_value(change['old_value'])} -> {format_value(change['new_value'])}")
+    for kind, verb in (("dictionary_item_added", "added"), ("dictionary_item_removed", "removed"),
+                       ("iterable_item_added", "added"), ("iterable_item_removed", "removed")):
+        for path in diff.get(kind, {}):
+            parts.append(f"{_field(path)} {verb}")
+    more = len(parts) - limit
+    return ", ".join(parts[:limit]) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _field(path: str) -> str:
+    """DeepDiff's "root['gpus'][3]['memory_used']" -> "gpus[3].memory_used"."""
+    import re
+
+    out = re.sub(r"\['([^']*)'\]", r".\1", path.removeprefix("root")).lstrip(".")
+    return out or "(the whole observation)"
+
+
+def allowed_actions(plan: Mapping[str, Any]) -> dict[str, set[tuple[str, str]]]:
+    return {r["id"]: {(a["action"], a["target"]) for a in r.get("actions", [])} for r in plan["report"]["resources"]}
+
+
+# --- applying ----------------------------------------------------------------------------
+
+def apply_saved_plan(path: str, *, dry_run: bool = False, journal_path: str | None = None,
+                     lock_wait: float = 0.0) -> RunReport:
+    """Check the plan still holds, then carry out its actions and nothing else. Returns the run's
+    report; raises PlanError (exit 1) when the plan is refused."""
+    from ..machines.host import Host
+    from .engine import Engine, HostMismatch
+    from .journal import Journal, LockError
+    from .report import to_json
+    from .statefile import StateFileError, load
+
+    plan = load_plan(path)
+    state_path = plan["state_file"]["path"]
+    made = f"made {plan.get('created', '?')}"
+    try:
+        sha = file_sha256(state_path)
+    except OSError as exc:
+        raise PlanError(f"refusing the saved plan {path}: its state file {state_path} cannot be read "
+                        f"({exc.strerror})") from None
+    if sha != plan["state_file"]["sha256"]:
+        raise PlanError(f"refusing the saved plan {path} ({made}): the state file {state_path} changed since; "
+                        f"run `reconcile diff --out {path}` again")
+    try:
+        state = load(state_path)
+    except StateFileError as exc:
+        raise PlanError("\n".join(exc.problems)) from None
+    host = Host()
+    hostname = host.hostname()
+    if hostname != plan["host"]:
+        raise PlanError(f"refusing the saved plan {path}: it was made on {plan['host']!r}, this host is {hostname!r}")
+
+    lock = None
+    if not dry_run:
+        journal = Journal.at(journal_path)
+        lock = journal.lock()
+        try:
+            lock.acquire(timeout=lock_wait)
+        except LockError as exc:
+            raise PlanError(str(exc)) from None
+    try:
+        # Observed under the lock: no other apply can change the host between this check and acting.
+        engine = Engine(state, host=host, journal=None if dry_run else journal)
+        now = engine.diff(command="apply")
+        changed = changes(plan, to_json(now))
+        if changed:
+            raise PlanError(f"refusing the saved plan {path} ({made}): the host no longer matches it; "
+                            f"run `reconcile diff --out {path}` again\n" + "\n".join(f"  {c}" for c in changed))
+        if dry_run:
+            report = now
+        else:
+            try:
+                report = engine.apply(only=allowed_actions(plan))
+            except HostMismatch as exc:
+                raise PlanError(str(exc)) from None
+    finally:
+        if lock is not None:
+            lock.release()
+    return report

@@ -1,0 +1,104 @@
+"""The outcome of one run as plain data (RunReport, one ResourceReport per resource) and its
+JSON form, the `format_version` contract every view, saved plan and remote run is built on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .. import FORMAT_VERSION, __version__
+from .contract import ActionResult, Drift, Resource, Result, Status, to_plain
+
+
+@dataclass(frozen=True)
+class ResourceReport:
+    resource: Resource
+    status: Status
+    drift: tuple[Drift, ...] = ()
+    actions: tuple[ActionResult, ...] = ()
+    message: str = ""
+    observed: Any = None
+    summary: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return any(a.result is Result.DONE for a in self.actions)
+
+
+@dataclass(frozen=True)
+class RunReport:
+    command: str
+    state_file: str
+    host: str
+    resources: tuple[ResourceReport, ...]
+    host_pattern: str | None = None
+    host_matches: bool = True
+    dry_run: bool = False
+    started: float = 0.0
+    finished: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    def count(self, status: Status) -> int:
+        return sum(1 for r in self.resources if r.status is status)
+
+    @property
+    def actions_done(self) -> int:
+        return sum(1 for r in self.resources for a in r.actions if a.result is Result.DONE)
+
+    @property
+    def exit_code(self) -> int:
+        """0 converged, 1 error, 2 drift remains (diff: any drift at all)."""
+        statuses = {r.status for r in self.resources}
+        if Status.ERROR in statuses:
+            return 1
+        settled = {Status.OK} if self.command == "diff" or self.dry_run else {Status.OK, Status.CONVERGING}
+        return 0 if statuses <= settled else 2
+
+
+STATUSES = [s.value for s in Status]
+
+
+# --- JSON ----------------------------------------------------------------------------
+
+def resource_json(rr: ResourceReport) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": rr.resource.id,
+        "kind": rr.resource.kind,
+        "status": rr.status.value,
+        "drift": [d.to_json() for d in rr.drift],
+        "actions": [
+            {**a.action.to_json(), "result": a.result.value, **({"message": a.message} if a.message else {})}
+            for a in rr.actions
+        ],
+        "message": rr.message,
+    }
+    if rr.summary:
+        out["summary"] = rr.summary
+    if rr.resource.needs:
+        out["needs"] = list(rr.resource.needs)
+    if rr.observed is not None:
+        out["observed"] = to_plain(rr.observed)
+    return out
+
+
+def to_json(report: RunReport) -> dict[str, Any]:
+    summary: dict[str, int] = {s: report.count(Status(s)) for s in STATUSES}
+    summary["actions_planned"] = sum(1 for r in report.resources for a in r.actions if a.result is Result.PLANNED)
+    summary["actions_done"] = report.actions_done
+    summary["actions_failed"] = sum(1 for r in report.resources for a in r.actions if a.result is Result.FAILED)
+    return {
+        "format_version": FORMAT_VERSION,
+        "reconcile_version": __version__,
+        "command": report.command,
+        "dry_run": report.dry_run,
+        "state_file": report.state_file,
+        "host": report.host,
+        "host_pattern": report.host_pattern,
+        "host_matches": report.host_matches,
+        "started": report.started,
+        "duration_s": round(report.finished - report.started, 3),
+        "exit_code": report.exit_code,
+        "resources": [resource_json(r) for r in report.resources],
+        "summary": summary,
+        "notes": list(report.notes),
+    }

@@ -1,0 +1,199 @@
+"""Loading and validating state files.
+
+The YAML is read with ruamel's round-trip loader only to learn where each key and value
+stands (positions.py); the plain document is checked against the bundled JSON Schema
+(schema.py) and by the checks only code can do (`needs`: known ids, no cycles). Every problem
+becomes one `FILE:LINE:COL: message` line (1-based, as gcc, ruff and yamllint print them).
+
+A file that validated once is remembered (cache.py): `diff` on an unchanged state file
+imports neither ruamel.yaml nor jsonschema.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ...reconcilers import KINDS, key_of, reconciler_class, reconciler_for
+from ..contract import Reconciler, Resource
+from . import cache
+from .errors import StateFileError
+from .positions import Positions, parse_yaml
+from .schema import JSON_TYPES, bundled_schema, format_checker, message_for, schema_fingerprint, sha256
+
+__all__ = ["LoadedState", "StateFileError", "bundled_schema", "load", "order_resources", "validate_text"]
+
+SUPPORTED_VERSIONS = (1,)
+
+
+@dataclass(frozen=True)
+class LoadedState:
+    path: str
+    version: int
+    host: str | None
+    doc: dict[str, Any]
+    resources: tuple[Resource, ...]  # in the order they are reconciled
+
+    @property
+    def by_id(self) -> dict[str, Resource]:
+        return {r.id: r for r in self.resources}
+
+
+def build_resources(doc: dict[str, Any],
+                    on_kind: Callable[[Reconciler, list[Resource]], None] | None = None) -> list[Resource]:
+    """Every declared resource, kind by kind in registry order; `on_kind(reconciler, resources)`
+    is called as each kind is built (engine.Prefetch starts observing it there)."""
+    resources: list[Resource] = []
+    for key in KINDS:
+        if key in doc and doc[key] is not None:
+            rec = reconciler_for(key)
+            built = rec.resources(doc[key])
+            if on_kind is not None:
+                on_kind(rec, built)
+            resources.extend(built)
+    return resources
+
+
+def order_resources(resources: list[Resource]) -> list[Resource]:
+    """Topological order by `needs`; ties broken by kind rank, then declaration order.
+    Assumes needs were checked (known, acyclic)."""
+    index = {r.id: i for i, r in enumerate(resources)}
+    ranks = {kind: reconciler_class(key).rank if key else 99
+             for kind, key in ((k, key_of(k)) for k in {r.kind for r in resources})}
+    rank = {r.id: (ranks[r.kind], index[r.id]) for r in resources}
+    pending = {r.id: {n for n in r.needs if n in index} for r in resources}
+    by_id = {r.id: r for r in resources}
+    ordered: list[Resource] = []
+    while pending:
+        ready = sorted((rid for rid, deps in pending.items() if not deps), key=rank.__getitem__)
+        if not ready:  # a cycle; validation reports it, here keep going in rank order
+            ready = sorted(pending, key=rank.__getitem__)[:1]
+        rid = ready[0]
+        ordered.append(by_id[rid])
+        del pending[rid]
+        for deps in pending.values():
+            deps.discard(rid)
+    return ordered
+
+
+def _check_needs(resources: list[Resource], label: str, pos: Positions, paths: dict[str, tuple]) -> list[str]:
+    problems = []
+    ids = [r.id for r in resources]
+    for r in resources:
+        for i, need in enumerate(r.needs):
+            if need not in ids:
+                import difflib
+
+                close = difflib.get_close_matches(need, ids, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                line, col = pos.of_value((*paths[r.id], "needs", i))
+                problems.append(f"{label}:{line}:{col}: {r.id} needs unknown resource {need!r}{hint}")
+            elif need == r.id:
+                line, col = pos.of_value((*paths[r.id], "needs", i))
+                problems.append(f"{label}:{line}:{col}: {r.id} needs itself")
+    # Cycles: depth-first search over known edges.
+    graph = {r.id: [n for n in r.needs if n in ids and n != r.id] for r in resources}
+    state: dict[str, int] = {}
+    reported: set[frozenset] = set()
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                cycle = stack[stack.index(nxt):] + [nxt]
+                key = frozenset(cycle)
+                if key not in reported:
+                    reported.add(key)
+                    first = cycle[0]
+                    idx = list(next(r for r in resources if r.id == first).needs).index(cycle[1])
+                    line, col = pos.of_value((*paths[first], "needs", idx))
+                    problems.append(f"{label}:{line}:{col}: needs form a cycle: {' -> '.join(cycle)}")
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for r in resources:
+        if r.id not in state:
+            visit(r.id, [r.id])
+    return problems
+
+
+def validate_text(text: str, label: str) -> dict[str, Any]:
+    """Full validation with positions. Returns the plain document or raises StateFileError."""
+    data, pos = parse_yaml(text, label)
+    if data is None:
+        raise StateFileError([f"{label}:1:1: empty state file: expected a mapping starting with 'version: 1'"])
+    if not isinstance(data, dict):
+        line, col = pos.of_value(())
+        raise StateFileError([f"{label}:{line}:{col}: expected a mapping at the top level, got "
+                              f"{JSON_TYPES.get(type(data), 'a scalar')}"])
+    if "version" in data and data["version"] not in SUPPORTED_VERSIONS:
+        line, col = pos.of_value(("version",))
+        known = ", ".join(str(v) for v in SUPPORTED_VERSIONS)
+        raise StateFileError([f"{label}:{line}:{col}: unsupported state file version "
+                              f"{json.dumps(data['version'])} (this reconcile reads version {known})"])
+
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(bundled_schema(), format_checker=format_checker())
+    found = [message_for(e, pos) for e in validator.iter_errors(data)]
+    if found:
+        found.sort()
+        seen, problems = set(), []
+        for (line, col), msg in found:
+            text_line = f"{label}:{line}:{col}: {msg}"
+            if text_line not in seen:
+                seen.add(text_line)
+                problems.append(text_line)
+        raise StateFileError(problems)
+
+    resources = build_resources(data)
+    paths = {}
+    for key in KINDS:
+        section = data.get(key)
+        if isinstance(section, dict):
+            for r in resources:
+                if key_of(r.kind) == key:
+                    paths[r.id] = (key,) if r.id == key else (key, r.name)
+    problems = _check_needs(resources, label, pos, paths)
+    if problems:
+        raise StateFileError(problems)
+    return data
+
+
+def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache: bool = True,
+         on_kind: Callable[[Reconciler, list[Resource]], None] | None = None) -> LoadedState:
+    """Read, validate (or trust the cache) and build the ordered resources. `text` (bytes: checked as
+    UTF-8 with a position) stands in for the file's content, labelled `path` (a state sent on stdin)."""
+    label = str(path)
+    if text is None:
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            raise StateFileError([f"{label}:1:1: no such file"]) from None
+        except IsADirectoryError:
+            raise StateFileError([f"{label}:1:1: is a directory, not a state file"]) from None
+        except OSError as exc:
+            raise StateFileError([f"{label}:1:1: cannot read: {exc.strerror}"]) from None
+    else:
+        raw = text.encode() if isinstance(text, str) else text
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise StateFileError([f"{label}:{line}:{col}: not UTF-8 text"]) from None
+
+    digest = sha256(schema_fingerprint().encode() + b"\0" + raw).hexdigest()
+    doc = cache.read(digest) if use_cache else None
+    if doc is None:
+        doc = validate_text(text, label)
+        if use_cache:
+            cache.write(digest, doc)
+    resources = order_resources(build_resources(doc, on_kind))
+    return LoadedState(path=label, version=doc["version"], host=doc.get("host"), doc=doc,
+                       resources=tuple(resources))

@@ -1,0 +1,174 @@
+"""The state file's JSON Schema: state.schema.json with each registered kind's fragment bundled
+in, the format checks done in code (sizes, durations, unit names), and readable messages for
+jsonschema's errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from ...reconcilers import KINDS
+from ..values import is_unit_name, parse_duration, parse_size, parse_size_or_percent
+from .errors import Position
+from .positions import Positions
+
+try:  # the builtin SHA-256: `import hashlib` loads OpenSSL, ~10 ms of every start-up
+    from _sha256 import sha256
+except ImportError:  # Python >= 3.12 renamed it
+    try:
+        from _sha2 import sha256
+    except ImportError:
+        from hashlib import sha256
+
+
+# Paths as strings: pathlib (with urllib.parse and ipaddress) is ~10 ms of every start-up.
+SCHEMA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))), "schema")
+
+_BUNDLE: dict[str, Any] = {}
+
+
+def read_json(path: str) -> Any:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def bundled_schema() -> dict[str, Any]:
+    """state.schema.json with each registered kind's fragment under $defs and properties, and
+    the ids `needs` may name derived from the registry (a new kind needs no edit here)."""
+    if "bundle" not in _BUNDLE:
+        schema = read_json(os.path.join(SCHEMA_DIR, "state.schema.json"))
+        for key in KINDS:
+            fragment = read_json(os.path.join(SCHEMA_DIR, "kinds", f"{key}.schema.json"))
+            fragment.pop("$schema", None)
+            schema["$defs"][key] = fragment
+            schema["properties"][key] = {"$ref": f"#/$defs/{key}"}
+        forms = [id_form(key) for key in KINDS]
+        alternatives = "|".join(re.escape(KINDS[key].prefix) + ("" if KINDS[key].singleton else ":.+")
+                                for key in KINDS)
+        need = schema["$defs"]["needs"]
+        need["description"] = ("Resources that must have ended ok before this one is acted on: "
+                               + ", ".join(forms) + ".")
+        need["items"]["pattern"] = f"^({alternatives})$"
+        need["items"]["errorMessage"] = "invalid need {v!r}: expected " + ", ".join(forms[:-1]) + \
+            (" or " if len(forms) > 1 else "") + forms[-1]
+        _BUNDLE["bundle"] = schema
+    return _BUNDLE["bundle"]
+
+
+def id_form(key: str) -> str:
+    """How a resource of kind KEY is named in `needs`: `unit:NAME`, or the singleton's `gpus`."""
+    kind = KINDS[key]
+    return kind.prefix if kind.singleton else f"{kind.prefix}:{kind.name_word}"
+
+
+def schema_fingerprint() -> str:
+    """What a cached verdict depends on: the files bundled_schema() reads (not the report or
+    inventory schemas, nor the generated bundle), the registered kinds and reconcile's version
+    (the checks done in code, such as `needs`, change with it)."""
+    from ... import __version__
+
+    h = sha256(__version__.encode())
+    for path in [os.path.join(SCHEMA_DIR, "state.schema.json"),
+                 *(os.path.join(SCHEMA_DIR, "kinds", f"{k}.schema.json") for k in KINDS)]:
+        h.update(os.path.basename(path).encode())
+        with open(path, "rb") as fh:
+            h.update(fh.read())
+    h.update(repr(sorted(KINDS.items())).encode())
+    return h.hexdigest()
+
+
+def format_checker():
+    import jsonschema
+
+    checker = jsonschema.FormatChecker(formats=())
+
+    def returns_bool(fn):
+        def check(value):
+            try:
+                fn(value)
+            except (ValueError, TypeError):
+                return False
+            return True
+
+        return check
+
+    checker.checks("size")(returns_bool(parse_size))
+    checker.checks("size-or-percent")(returns_bool(parse_size_or_percent))
+    checker.checks("duration")(returns_bool(parse_duration))
+    checker.checks("unit-name")(lambda v: not isinstance(v, str) or is_unit_name(v))
+    checker.checks("abs-path")(lambda v: not isinstance(v, str) or v.startswith("/"))
+    return checker
+
+
+FORMAT_HINTS = {
+    "size": "invalid size {v!r}: use a number with a unit such as 512MiB, 4TiB or 75.8GB",
+    "size-or-percent": "invalid size {v!r}: use e.g. 4TiB, 75.8GB or a percentage such as '15%'",
+    "duration": "invalid duration {v!r}: use e.g. 500ms, 10s, 5m or 1h30m",
+    "unit-name": "invalid systemd unit name {v!r}: expected NAME.service, NAME.timer, NAME@INSTANCE.service, ...",
+    "abs-path": "{v!r} is not an absolute path",
+}
+
+
+def dotted(path: Iterable) -> str:
+    parts = []
+    for p in path:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        elif re.fullmatch(r"[A-Za-z0-9_-]+", p):
+            parts.append(("." if parts else "") + p)
+        else:
+            parts.append(("." if parts else "") + json.dumps(p))
+    return "".join(parts)
+
+
+JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
+               dict: "mapping", type(None): "null"}
+
+
+def message_for(error: Any, doc_pos: Positions) -> tuple[Position, str]:
+    """One jsonschema error -> (position, readable message)."""
+    path = tuple(error.absolute_path)
+    where = dotted(path)
+    prefix = f"{where}: " if where else ""
+    v = error.validator
+    if v == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extras = [k for k in error.instance if k not in allowed]
+        key = extras[0] if extras else "?"
+        import difflib  # only when there is an error to explain
+
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else (f" (expected one of: {', '.join(allowed)})"
+                                                              if allowed else "")
+        return doc_pos.of_key((*path, key)), f"{prefix}unknown key {key!r}{hint}"
+    if v == "format" and "propertyNames" in error.relative_schema_path:
+        return doc_pos.of_key((*path, error.instance)), FORMAT_HINTS[error.validator_value].format(
+            v=error.instance)
+    if v == "format":
+        return doc_pos.of_value(path), prefix + FORMAT_HINTS[error.validator_value].format(v=error.instance)
+    if v == "required":
+        m = re.match(r"'([^']*)'", error.message)
+        missing = m.group(1) if m else error.message
+        return doc_pos.of_value(path), f"{prefix}missing required key {missing!r}"
+    if v == "type":
+        want = error.validator_value
+        want = " or ".join(want) if isinstance(want, list) else want
+        have = JSON_TYPES.get(type(error.instance), type(error.instance).__name__)
+        want = {"object": "mapping", "array": "list"}.get(want, want)
+        return doc_pos.of_value(path), f"{prefix}expected {want}, got {have} {json.dumps(error.instance)}"
+    if v == "enum":
+        choices = ", ".join(json.dumps(c) for c in error.validator_value)
+        return doc_pos.of_value(path), f"{prefix}expected one of {choices}; got {json.dumps(error.instance)}"
+    if v in ("oneOf", "anyOf") and error.context:
+        import jsonschema.exceptions
+
+        return message_for(jsonschema.exceptions.best_match(error.context), doc_pos)
+    if v == "pattern" and "propertyNames" in error.relative_schema_path:
+        return doc_pos.of_key((*path, error.instance)), f"{prefix}invalid name {error.instance!r}"
+    message = error.schema.get("errorMessage")
+    if message:
+        return doc_pos.of_value(path), prefix + message.format(v=error.instance)
+    return doc_pos.of_value(path), prefix + error.message

@@ -1,0 +1,94 @@
+"""The values a state file declares and a report prints: sizes, durations, systemd unit names,
+want/have values. Plain functions with no state, imported by every layer above."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_SIZE_UNITS = {
+    "": 1, "B": 1,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
+    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?B|B)?\s*$", re.IGNORECASE)
+_PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+# systemd's own rules (unit_name_is_valid): a name, an optional @instance, a known suffix.
+_UNIT_RE = re.compile(
+    r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?"
+    r"\.(service|socket|target|timer|mount|automount|swap|path|slice|scope|device)$"
+)
+
+
+def parse_size(value: int | str) -> int:
+    """'4TiB' -> bytes. Integers are bytes. Raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(value)
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise ValueError(value)
+    return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").upper()])
+
+
+def parse_size_or_percent(value: int | str) -> tuple[str, float]:
+    """('bytes', n) or ('percent', p)."""
+    if isinstance(value, str):
+        m = _PERCENT_RE.match(value)
+        if m:
+            pct = float(m.group(1))
+            if pct > 100:
+                raise ValueError(value)
+            return ("percent", pct)
+    return ("bytes", parse_size(value))
+
+
+def parse_duration(value: int | float | str) -> float:
+    """'1h30m' -> 5400.0 seconds; a bare number is seconds. Raises ValueError."""
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(value)
+        return float(value)
+    text = str(value).strip()
+    if not _DURATION_RE.match(text):
+        raise ValueError(value)
+    return sum(float(n) * _DURATION_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+
+
+def is_unit_name(name: str) -> bool:
+    return len(name) <= 255 and bool(_UNIT_RE.match(name))
+
+
+def format_bytes(n: float) -> str:
+    for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{int(n)}B"
+
+
+def format_duration(seconds: float) -> str:
+    if 0 < seconds < 1:
+        return f"{round(seconds * 1000)}ms"  # a sub-second deadline is not "0s"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def format_value(v: Any) -> str:
+    """A want/have value as the reports print it: true/false/null like the state file."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    return str(v)

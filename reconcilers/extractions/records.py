@@ -1,0 +1,100 @@
+"""The check record of each extraction (`NAME.check.json` in the state directory): what the
+last observation learnt, read back (see the package docstring)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .ranges import subtract, to_ranges, valid_ranges
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+STATE_FORMAT = 2  # format 1 (no `format` key): verified/seen ranges, recent {index: mtime}
+
+
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+
+
+def state_dir() -> Path:
+    from pathlib import Path  # not at the top: pathlib is ~10 ms of the parent's start-up
+
+    from ...pipeline import paths
+
+    return Path(paths.state_dir()) / "extractions"
+
+
+def load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def boot_id() -> str | None:
+    """This boot's id, or None where the system has none (then recent files are always re-read)."""
+    path = os.environ.get("RECONCILE_BOOT_ID_FILE") or BOOT_ID_FILE  # the test seam, see the docstring
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+class RecentFile(NamedTuple):
+    """A recent file as last seen: its stat, and whether it was whole when last read."""
+    rel: str
+    index: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+    whole: bool
+
+    @classmethod
+    def of(cls, rel: str, index: int, st: os.stat_result, whole: bool) -> RecentFile:
+        return cls(rel, index, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, whole)
+
+    def same_stat(self, st: os.stat_result) -> bool:
+        return (self.size, self.mtime_ns, self.ctime_ns, self.ino) == (st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                                                                       st.st_ino)
+
+
+@dataclass
+class CheckRecord:
+    """The state file's content, read back."""
+    verified: list[tuple[int, int]]
+    seen: list[tuple[int, int]]
+    recent: list[RecentFile]
+    newest: float | None
+    boot_id: str | None
+    dirs: dict[str, Any]
+
+    @classmethod
+    def parse(cls, data: dict[str, Any] | None, key: dict[str, Any]) -> CheckRecord | None:
+        """None when there is no usable record (missing, another dir or pattern, malformed)."""
+        if not data or {k: data.get(k) for k in key} != key:
+            return None
+        try:
+            verified = valid_ranges(data.get("verified", []))
+            seen = valid_ranges(data.get("seen", []))
+            newest = data.get("newest")
+            newest = float(newest) if newest is not None else None
+            if data.get("format") == STATE_FORMAT:
+                recent = [RecentFile(str(r), int(i), int(s), int(m), int(c), int(n), bool(w))
+                          for r, i, s, m, c, n, w in data.get("recent", [])]
+                boot = data.get("boot_id")
+                dirs = data.get("dirs")
+                return cls(verified, seen, recent, newest, boot if isinstance(boot, str) else None,
+                           dirs if isinstance(dirs, dict) else {})
+            # Format 1 kept recent files as {index: mtime}, without a stat to compare: those
+            # indices count as not verified, so they are read once more and recorded anew.
+            old_recent = to_ranges(int(i) for i in data.get("recent", {}))
+            return cls(subtract(verified, old_recent), seen, [], newest, None, {})
+        except (TypeError, ValueError, AttributeError):
+            return None

@@ -1,0 +1,87 @@
+"""Who holds the GPUs, read from /proc: processes with a /dev/nvidia* file open, and the systemd
+unit each belongs to (its cgroup)."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from typing import Any
+
+# Processes that hold /dev/nvidia* by design (monitoring, persistence): never holders.
+EXCLUDED_NAMES = frozenset({"nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nvidia-smi"})
+# Test/diagnostic knobs: where the GPU device files are, and a kernel log to read instead of dmesg.
+DEV_GLOB_ENV = "RECONCILE_NVIDIA_DEV_GLOB"
+DEFAULT_DEV_GLOB = "/dev/nvidia*"
+DEV_GPU_RE = re.compile(r"nvidia(\d+)$")
+
+
+def unit_of_cgroup(text: str) -> str | None:
+    """The system service of a /proc/PID/cgroup text, or None (scopes, user managers, no unit)."""
+    path = None
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[1] == "name=systemd":
+            path = parts[2]
+            break
+        if parts[0] == "0" and parts[1] == "":
+            path = parts[2]  # unified hierarchy; a v1 name=systemd line wins if present
+    if not path:
+        return None
+    for comp in path.split("/"):
+        if comp.endswith(".service"):
+            # user@UID.service is a user's whole session manager: never "the holder's unit".
+            return None if comp.startswith("user@") else comp
+    return None
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def proc_info(pid: int) -> dict[str, Any] | None:
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    try:
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X"):
+            return None  # a zombie holds nothing any more
+        starttime = int(fields[19])
+    except (IndexError, ValueError):
+        return None
+    comm = (_read(f"/proc/{pid}/comm") or "").strip()
+    argv0 = (_read(f"/proc/{pid}/cmdline") or "").split("\0", 1)[0]
+    return {"name": comm, "exe": os.path.basename(argv0), "starttime": starttime,
+            "unit": unit_of_cgroup(_read(f"/proc/{pid}/cgroup") or "")}
+
+
+def scan_device_holders(pattern: str) -> dict[int, tuple[str, ...]]:
+    """PID -> the device files matching PATTERN it has open, from /proc/PID/fd links (what fuser does;
+    psutil's open_files() leaves device nodes out)."""
+    found: dict[int, tuple[str, ...]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fd_dir = f"/proc/{entry}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        files = set()
+        for fd in fds:
+            try:
+                target = os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+            if fnmatch.fnmatchcase(target, pattern):
+                files.add(target)
+        if files:
+            found[int(entry)] = tuple(sorted(files))
+    return found

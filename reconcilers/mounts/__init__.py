@@ -1,0 +1,340 @@
+"""Mounts: mounted from the right source with the right type and options, enough free
+space and inodes, writable — and a filesystem that stops answering never hangs reconcile.
+
+What is mounted comes from /proc/self/mountinfo, read by this process: the kernel answers
+it from memory, without asking any filesystem. Everything that does ask the filesystem
+(statvfs, the write probe, resolving UUID=/LABEL= sources) runs in one child process per
+mount, polled to a deadline. A child that misses it is abandoned, not waited for: a
+process in D-state can be neither killed nor reaped (Python's `subprocess.run(timeout=)`
+would wait for it without bound). This process never touches a suspect path itself.
+
+reconcile mounts what is declared and not mounted (from /etc/fstab, or from the declared
+source and type); it never unmounts: a mount from the wrong device, too little space or a
+read-only filesystem is `blocked`, for a person to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...pipeline.contract import (
+    Action,
+    ApplyError,
+    Context,
+    Drift,
+    ObserveError,
+    Plan,
+    Reconciler,
+    Resource,
+    run_action,
+)
+from ...pipeline.values import format_bytes, format_duration, parse_duration, parse_size_or_percent
+from .observed import MountObserved, ResolvedSource, Space
+from .probe import PROBE_PREFIX, TAG_DIRS, probe_mount
+from .tables import find_fstab, find_mount, norm_path, parse_fstab, parse_mountinfo
+
+if TYPE_CHECKING:
+    from ...machines.host import Host
+
+MOUNTINFO = "/proc/self/mountinfo"
+FSTAB = "/etc/fstab"
+DEFAULT_PROBE_TIMEOUT = 5.0
+MOUNT_TIMEOUT = 60.0
+
+
+def parse_count_or_percent(value: int | str) -> tuple[str, float]:
+    """min_free_inodes: a count, or a percentage of all inodes."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        kind, pct = parse_size_or_percent(value)
+        return (kind, pct)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(value)
+    return ("count", value)
+
+
+def same_source(declared: ResolvedSource | None, declared_text: str, have_text: str,
+                have: ResolvedSource | None, have_devno: str | None = None) -> bool:
+    """Whether a declared source names the same thing as an observed one: the same text, the
+    same device after following links (/dev/disk/by-uuid/... -> /dev/nvme1n1), or the same
+    device number as the mounted filesystem."""
+    if declared_text == have_text:
+        return True
+    if declared is None:
+        return False
+    if declared.path and have and declared.path == have.path:
+        return True
+    have_devnos = {have_devno, have.devno if have else None} - {None}
+    return bool(declared.devno) and declared.devno in have_devnos
+
+
+# --- the reconciler -----------------------------------------------------------------------
+
+def _want_free(rule: tuple[str, float], total: int) -> int:
+    kind, value = rule
+    return math.ceil(total * value / 100) if kind == "percent" else int(value)
+
+
+def _pct(part: int, total: int) -> str:
+    return f"{100 * part / total:.1f}%" if total else "n/a"
+
+
+def _rule_text(rule: tuple[str, float], want: int, unit: str) -> str:
+    kind, value = rule
+    amount = format_bytes(want) if unit == "bytes" else f"{want} inodes"
+    return f"{value:g}% ({amount})" if kind == "percent" else amount
+
+
+def _declared_source_text(spec: dict, obs: MountObserved) -> str:
+    src = spec["source"]
+    res = obs.resolved(src)
+    if res and res.path and res.path != src:
+        return f"{src} ({res.path})"
+    if res and res.note:
+        return f"{src} ({res.note})"
+    return src
+
+
+class MountsReconciler(Reconciler):
+    key = "mounts"
+    kind = "mount"
+    rank = 30
+    volatile_drift = ("min_free", "min_free_inodes")  # free space moves by itself
+    forks_to_observe = True  # statvfs and the write probe run in forked children
+
+    def resources(self, section: dict[str, Any]) -> list[Resource]:
+        out = []
+        for name, raw in section.items():
+            spec = {k: v for k, v in raw.items() if k != "needs"}
+            spec["path"] = norm_path(name)
+            spec.setdefault("mounted", True)
+            if "options" in spec:
+                spec["options"] = tuple(spec["options"])
+            if "min_free" in spec:
+                spec["min_free"] = parse_size_or_percent(spec["min_free"])
+            if "min_free_inodes" in spec:
+                spec["min_free_inodes"] = parse_count_or_percent(spec["min_free_inodes"])
+            spec["probe_timeout"] = parse_duration(spec.get("probe_timeout", DEFAULT_PROBE_TIMEOUT))
+            out.append(Resource(id=f"mount:{name}", kind=self.kind, name=name, spec=spec,
+                                needs=tuple(raw.get("needs", ()))))
+        return out
+
+    # --- observe ------------------------------------------------------------------------
+
+    def observe(self, host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
+        if not resources:
+            return {}
+        try:
+            mounts = parse_mountinfo(host.read_text(MOUNTINFO))
+        except OSError as exc:
+            raise ObserveError(f"cannot read {MOUNTINFO}: {exc.strerror}") from None
+        try:
+            fstab = parse_fstab(host.read_text(FSTAB))
+        except FileNotFoundError:
+            fstab = []
+        except OSError as exc:
+            raise ObserveError(f"cannot read {FSTAB}: {exc.strerror}") from None
+
+        base: dict[str, MountObserved] = {}
+        requests: dict[str, dict[str, Any]] = {}
+        for r in resources:
+            path = r.spec["path"]
+            m, f = find_mount(mounts, path), find_fstab(fstab, path)
+            base[r.id] = MountObserved(path, m, f)
+            # Sources are only compared when one is declared.
+            resolve = [s for s in (r.spec.get("source"), m and m.source, f and f.source) if s] \
+                if r.spec.get("source") else []
+            want_mounted = r.spec.get("mounted", True)
+            # Only a mount that is there and wanted is asked about its space: statvfs of an
+            # unmounted point would describe the filesystem underneath.
+            do_stat = bool(m) and want_mounted
+            probe = do_stat and r.spec.get("writable") is True and not m.read_only
+            if do_stat or resolve:
+                requests[r.id] = {"path": path, "stat": do_stat, "probe": probe,
+                                  "resolve": list(dict.fromkeys(resolve)), "tag_dirs": TAG_DIRS,
+                                  "prefix": PROBE_PREFIX}
+
+        answers = self._ask_children(host, requests, {r.id: float(r.spec["probe_timeout"]) for r in resources})
+        out: dict[str, Any] = {}
+        for r in resources:
+            obs = base[r.id]
+            if r.id not in requests:
+                out[r.id] = obs
+                continue
+            ans = answers[r.id]
+            if isinstance(ans, ObserveError):
+                out[r.id] = ans
+                continue
+            if ans.get("error"):
+                out[r.id] = ObserveError(ans["error"])
+                continue
+            space = ans.get("space")
+            out[r.id] = MountObserved(
+                obs.path, obs.mount, obs.fstab,
+                space=Space(**space) if space else None,
+                writable=ans.get("writable"), write_error=ans.get("write_error", ""),
+                sources=tuple(ResolvedSource(**s) for s in ans.get("sources", ())),
+            )
+        return out
+
+    def _ask_children(self, host: Host, requests: dict[str, dict[str, Any]],
+                      timeouts: dict[str, float]) -> dict[str, Any]:
+        """Start one child per request, all at once, and collect each answer until its own
+        deadline; a child that misses it is killed and abandoned (Host.collect)."""
+        children = {}
+        answers: dict[str, Any] = {}
+        started = time.monotonic()
+        for rid, req in requests.items():
+            try:
+                children[rid] = (host.fork_call(probe_mount, req), started + timeouts[rid])
+            except OSError as exc:
+                answers[rid] = ObserveError(f"cannot start the probe of {req['path']}: {exc.strerror}")
+        for rid, (said, finished) in host.collect(children).items():
+            req, proc = requests[rid], children[rid][0]
+            if not finished:
+                what = "the write probe" if b"statvfs done" in said else "statvfs"
+                answers[rid] = ObserveError(
+                    f"stuck: {what} on {req['path']} did not return within {format_duration(timeouts[rid])} "
+                    f"(the filesystem does not answer; probe pid {proc.pid} abandoned)")
+                continue
+            text = said.decode(errors="replace").strip()
+            try:
+                answers[rid] = json.loads(text.splitlines()[-1])
+            except (ValueError, IndexError):
+                answers[rid] = ObserveError(f"the probe of {req['path']} failed "
+                                            f"(exit {proc.returncode}): {text[:200] or 'no output'}")
+        return answers
+
+    # --- diff -----------------------------------------------------------------------------
+
+    def diff(self, resource: Resource, observed: MountObserved) -> list[Drift]:
+        spec, m = resource.spec, observed.mount
+        if not spec.get("mounted", True):
+            return [Drift("mounted", False, True)] if m else []
+        if m is None:
+            return [Drift("mounted", True, False)]
+        drift = []
+        src = spec.get("source")
+        if src and not same_source(observed.resolved(src), src, m.source, observed.resolved(m.source), m.devno):
+            drift.append(Drift("source", _declared_source_text(spec, observed), m.source))
+        if spec.get("fstype") and spec["fstype"] != m.fstype:
+            drift.append(Drift("fstype", spec["fstype"], m.fstype))
+        want_opts = spec.get("options") or ()
+        if [o for o in want_opts if o not in m.all_options]:
+            drift.append(Drift("options", ",".join(want_opts), ",".join(m.all_options)))
+        space = observed.space
+        if space and spec.get("min_free"):
+            want = _want_free(spec["min_free"], space.total_bytes)
+            if space.free_bytes < want:
+                have = (f"{format_bytes(space.free_bytes)} free ({_pct(space.free_bytes, space.total_bytes)} "
+                        f"of {format_bytes(space.total_bytes)})")
+                drift.append(Drift("min_free", "≥ " + _rule_text(spec["min_free"], want, "bytes"), have))
+        # A filesystem without a fixed inode table (btrfs, many FUSE ones) reports f_files = 0.
+        if space and spec.get("min_free_inodes") and space.total_inodes:
+            want = _want_free(spec["min_free_inodes"], space.total_inodes)
+            if space.free_inodes < want:
+                drift.append(Drift("min_free_inodes", "≥ " + _rule_text(spec["min_free_inodes"], want, "inodes"),
+                                   f"{space.free_inodes} free ({_pct(space.free_inodes, space.total_inodes)} "
+                                   f"of {space.total_inodes})"))
+        want_w = spec.get("writable")
+        if want_w is True and (m.read_only or observed.writable is False):
+            drift.append(Drift("writable", True, False))
+        elif want_w is False and not m.read_only:
+            drift.append(Drift("writable", False, True))
+        return drift
+
+    # --- plan -----------------------------------------------------------------------------
+
+    def plan(self, resource: Resource, observed: MountObserved, drift: Sequence[Drift], ctx: Context) -> Plan:
+        if not drift:
+            return Plan()
+        spec, m, path = resource.spec, observed.mount, resource.spec["path"]
+        fields = {d.field: d for d in drift}
+        if "mounted" in fields:
+            if not fields["mounted"].want:
+                return Plan(blocked=f"{path} is mounted ({m.fstype} from {m.source}) but declared `mounted: false`; "
+                                    f"reconcile never unmounts: unmount it by hand (umount {path})")
+            return self._plan_mount(spec, observed)
+
+        blocked = []
+        never = "reconcile never unmounts a filesystem that may hold user data"
+        if "source" in fields:
+            blocked.append(f"{path} is mounted from {m.source}, not {fields['source'].want}; {never}")
+        if "fstype" in fields:
+            blocked.append(f"{path} is {m.fstype}, not {spec['fstype']}; {never}")
+        if "options" in fields:
+            missing = [o for o in spec["options"] if o not in m.all_options]
+            blocked.append(f"{path} lacks mount option{'s' if len(missing) > 1 else ''} {','.join(missing)}: "
+                           f"remount by hand (mount -o remount,{','.join(missing)} {path}) and fix /etc/fstab")
+        space = observed.space
+        if "min_free" in fields and space:
+            want = _want_free(spec["min_free"], space.total_bytes)
+            blocked.append(f"{path} has {format_bytes(space.free_bytes)} free, wants "
+                           f"{_rule_text(spec['min_free'], want, 'bytes')}: free at least "
+                           f"{format_bytes(want - space.free_bytes)} (or grow the filesystem)")
+        if "min_free_inodes" in fields and space:
+            want = _want_free(spec["min_free_inodes"], space.total_inodes)
+            blocked.append(f"{path} has {space.free_inodes} free inodes, wants "
+                           f"{_rule_text(spec['min_free_inodes'], want, 'inodes')}: remove at least "
+                           f"{want - space.free_inodes} files")
+        if "writable" in fields:
+            if spec.get("writable") is False:
+                blocked.append(f"{path} is mounted read-write but declared `writable: false`: "
+                               f"remount it read-only by hand (mount -o remount,ro {path})")
+            elif m.read_only:
+                blocked.append(f"{path} is mounted read-only but must be writable (the kernel may have "
+                               f"remounted it after I/O errors: check dmesg before mount -o remount,rw {path})")
+            else:
+                blocked.append(f"{path} is mounted read-write but the write probe failed: {observed.write_error}")
+        return Plan(blocked="; ".join(blocked) or None)
+
+    def _plan_mount(self, spec: dict, observed: MountObserved) -> Plan:
+        path, fst = spec["path"], observed.fstab
+        src, fstype, options = spec.get("source"), spec.get("fstype"), spec.get("options") or ()
+        if fst:
+            conflicts = []
+            if src and not same_source(observed.resolved(src), src, fst.source, observed.resolved(fst.source)):
+                conflicts.append(f"source {fst.source}, the state file {_declared_source_text(spec, observed)}")
+            if fstype and fstype != fst.fstype:
+                conflicts.append(f"type {fst.fstype}, the state file {fstype}")
+            if conflicts:
+                return Plan(blocked=f"{path} is not mounted and {FSTAB} disagrees with the state file "
+                                    f"({'; '.join(conflicts)}): fix one of them")
+            return Plan(actions=(Action("mount", path, f"mount {path} ({FSTAB}: {fst.source}, {fst.fstype})",
+                                        {"fstab": True}),))
+        if src and fstype:
+            opts = f" -o {','.join(options)}" if options else ""
+            return Plan(actions=(Action("mount", path, f"mount -t {fstype}{opts} {src} {path}",
+                                        {"source": src, "fstype": fstype, "options": list(options)}),))
+        return Plan(blocked=f"{path} is not mounted, has no {FSTAB} entry, and the state file does not give "
+                            f"both `source` and `fstype` to mount it from")
+
+    # --- apply ----------------------------------------------------------------------------
+
+    def apply(self, host: Host, resource: Resource, action: Action) -> str:
+        if action.action != "mount":
+            raise ApplyError(f"unknown mount action {action.action!r}")
+        p = action.params
+        if p.get("fstab"):
+            argv = ["mount", "--target", action.target]
+        else:
+            argv = ["mount", "-t", p["fstype"]]
+            if p.get("options"):
+                argv += ["-o", ",".join(p["options"])]
+            argv += ["--source", p["source"], "--target", action.target]
+        return run_action(host, argv, MOUNT_TIMEOUT)
+
+    def summary(self, resource: Resource, observed: MountObserved) -> str:
+        m = observed.mount
+        if m is None:
+            return "not mounted" + (f" ({FSTAB}: {observed.fstab.source})" if observed.fstab else "")
+        parts = [f"{m.fstype} from {m.source}" + (f" [{m.root}]" if m.root != "/" else "")]
+        s = observed.space
+        if s and s.total_bytes:
+            parts.append(f"{format_bytes(s.free_bytes)} free of {format_bytes(s.total_bytes)} "
+                         f"({_pct(s.free_bytes, s.total_bytes)})")
+        parts.append("ro" if m.read_only else "rw" + (", write probe ok" if observed.writable else ""))
+        return ", ".join(parts)

@@ -1,0 +1,254 @@
+"""systemd units: running or not (active), starting at boot or not (enabled), or masked.
+
+Observed without making systemd load anything. `systemctl show` loads every unit it is asked
+about that systemd does not hold in memory (a disabled unit, usually) and works out its
+UnitFileState by reading every unit directory, so it costs ~2-10 ms a unit; on systemd 252
+`list-unit-files NAMES` costs as much (the same lookup). A single declared unit is shown
+(one call, the cheapest way for one); for several:
+
+1. `systemctl list-units --all NAMES` (ListUnitsByPatterns) gives LoadState, ActiveState and
+   SubState of the declared units systemd holds in memory. A unit it does not list is not in
+   memory, so it is not running: inactive/dead, as `show` would report once it had loaded it.
+2. The unit-file state (enabled, disabled, static, indirect, masked) is worked out here, in one
+   pass over the manager's unit search path (`UnitPath`) and the units' `[Install]` sections,
+   following systemd's install logic for the plain cases only (`UnitFiles`).
+3. One `systemctl show` of only the units these cannot settle for sure (instances, aliases,
+   linked, generated or transient units, units without a unit file or not found, drop-ins with
+   an `[Install]` section, ...) and of every unit that drifts, so a plan is always made from
+   systemd's own word (FragmentPath for the mask refusal, MainPID).
+
+A manager that cannot be reached is an error, never "inactive" (testinfra's `is_running` reads a
+broken host as passing). Units are stopped through systemd, never by killing their processes: a
+`Restart=always` unit would respawn.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ...pipeline.contract import (
+    Action,
+    ApplyError,
+    CommandTimeout,
+    Context,
+    Drift,
+    ObserveError,
+    Plan,
+    Reconciler,
+    Resource,
+    run_action,
+)
+from .systemctl import (
+    GLOB_CHARS,
+    LIST_UNITS,
+    MASKED,
+    PROPERTIES,
+    UNCHANGEABLE,
+    UNIT_PATH,
+    UnitObserved,
+    parse_list_units,
+    parse_show,
+)
+from .unitfiles import UnitFiles
+
+if TYPE_CHECKING:
+    from ...machines.host import Host
+
+# systemctl mask replaces the unit file in /etc with a link to /dev/null and refuses when the
+# unit file itself lives there.
+ADMIN_UNIT_DIR = "/etc/systemd/system/"
+
+
+STOP_TIMEOUT = 120.0  # systemd's default stop timeout is 90 s; allow it to finish
+CALL_TIMEOUT = 30.0
+
+
+class UnitsReconciler(Reconciler):
+    key = "units"
+    kind = "unit"
+    rank = 10
+
+    def resources(self, section: dict[str, Any]) -> list[Resource]:
+        return [
+            Resource(id=f"unit:{name}", kind=self.kind, name=name,
+                     spec={k: v for k, v in spec.items() if k != "needs"},
+                     needs=tuple(spec.get("needs", ())))
+            for name, spec in section.items()
+        ]
+
+    def observe(self, host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
+        if not resources:
+            return {}
+        out: dict[str, Any] = {}
+        todo = []
+        for r in resources:
+            if r.name.rpartition(".")[0].endswith("@"):
+                out[r.id] = ObserveError(f"{r.name} is a template: systemd has a state only for its instances "
+                                         f"(NAME@INSTANCE.service)")
+            else:
+                todo.append(r)
+        if not todo:
+            return out
+        if len(todo) == 1:
+            # One unit: a single `show` (~13 ms) costs less than the listings it would replace, and
+            # a recovery's one unit usually drifts, which would mean a `show` after them anyway.
+            shown = self._show(host, [todo[0].name])
+            out[todo[0].id] = shown[todo[0].name]
+            return out
+        listed, files = self._listings(host, [r.name for r in todo])
+        by_name: dict[str, UnitObserved] = {}
+        ask = []
+        for r in todo:
+            seen = self._from_listings(r.name, listed.get(r.name), files)
+            # A drifting unit is planned from systemd's own word (and needs its FragmentPath).
+            if seen is None or self.diff(r, seen):
+                ask.append(r.name)
+            else:
+                by_name[r.name] = seen
+        if ask:
+            by_name.update(self._show(host, ask))
+        out.update({r.id: by_name[r.name] for r in todo})
+        return out
+
+    def _listings(self, host: Host, names: list[str]) -> tuple[dict[str, tuple[str, str, str]], UnitFiles | None]:
+        """list-units of the declared units and, meanwhile, the manager's unit search path and a
+        scan of it (None when it cannot be read here: every unit is then shown)."""
+        local = not getattr(host, "prefix", ())  # behind a prefix the unit files are not ours to read
+        found: dict[str, Any] = {}
+
+        def search_path() -> None:
+            try:
+                res = host.run(list(UNIT_PATH), timeout=CALL_TIMEOUT)
+                if res.ok and res.stdout.split():
+                    found["files"] = UnitFiles(res.stdout.split(), host.read_text)
+            except Exception:
+                pass  # whatever goes wrong here only costs time: systemd is asked instead
+
+        worker = threading.Thread(target=search_path, daemon=True) if local else None
+        if worker:
+            worker.start()
+        try:
+            res = host.run([*LIST_UNITS, *names], timeout=CALL_TIMEOUT)
+        except CommandTimeout as exc:
+            raise ObserveError(str(exc)) from None
+        finally:
+            if worker:
+                worker.join()
+        if not res.ok:
+            raise ObserveError(f"cannot read unit state from systemd: {res.brief()}")
+        return parse_list_units(res.stdout), found.get("files")
+
+    @staticmethod
+    def _from_listings(name: str, row: tuple[str, str, str] | None, files: UnitFiles | None) -> UnitObserved | None:
+        """The unit as `systemctl show` would report it, or None where the listings cannot say."""
+        if files is None or "@" in name:
+            return None  # an instance's state also depends on its template's and its own links
+        state = files.state(name)
+        if state is None:
+            return None
+        file_state, path = state
+        masked = file_state in MASKED
+        if row is None:
+            if GLOB_CHARS.intersection(name):
+                return None
+            # Not in memory, so not running; show would load it: loaded (or masked), inactive/dead.
+            return UnitObserved(name, "masked" if masked else "loaded", "inactive", "dead", file_state, 0, path)
+        load, active, sub = row
+        # not-found, bad-setting, error, or a memory that disagrees with the disk (no daemon-reload
+        # since the unit was masked or unmasked): systemd's word.
+        if load not in ("loaded", "masked") or (load == "masked") != masked:
+            return None
+        return UnitObserved(name, load, active, sub, file_state, 0, path)
+
+    @staticmethod
+    def _show(host: Host, names: list[str]) -> dict[str, UnitObserved]:
+        try:
+            res = host.run(["systemctl", "show", "--no-pager", "-p", ",".join(PROPERTIES), "--", *names],
+                           timeout=CALL_TIMEOUT)
+        except CommandTimeout as exc:
+            raise ObserveError(str(exc)) from None
+        if not res.ok:
+            raise ObserveError(f"cannot read unit state from systemd: {res.brief()}")
+        return parse_show(res.stdout, names)
+
+    def diff(self, resource: Resource, observed: UnitObserved) -> list[Drift]:
+        drift = []
+        want_active = resource.spec.get("active")
+        if want_active is not None and observed.active != want_active:
+            drift.append(Drift("active", want_active, observed.active))
+        want_enabled = resource.spec.get("enabled")
+        if want_enabled is not None and observed.enabled != want_enabled:
+            drift.append(Drift("enabled", want_enabled, observed.enabled))
+        return drift
+
+    def plan(self, resource: Resource, observed: UnitObserved, drift: Sequence[Drift], ctx: Context) -> Plan:
+        if not drift:
+            if not observed.exists:
+                return Plan(message="not installed")
+            return Plan()
+        name = resource.name
+        fields = {d.field: d for d in drift}
+        actions: list[Action] = []
+        blocked: list[str] = []
+
+        if not observed.exists and fields:
+            # A unit that does not exist can still be masked (that is how one pre-empts it).
+            if fields.get("enabled") and fields["enabled"].want == "masked":
+                actions.append(Action("mask", name, f"mask {name}"))
+                fields.pop("enabled")
+            if fields:
+                return Plan(actions=tuple(actions), blocked=f"unit {name} not found (LoadState=not-found)")
+
+        # Boot-time state first, so a stopped unit cannot be re-triggered in between
+        # (a disabled unit can still be started by a dependency, socket or timer; only
+        # a mask prevents that).
+        want_enabled = fields["enabled"].want if "enabled" in fields else None
+        have_enabled = observed.enabled
+        if want_enabled is not None:
+            if want_enabled == "masked":
+                if observed.fragment_path.startswith(ADMIN_UNIT_DIR):
+                    blocked.append(
+                        f"{name} cannot be masked: its unit file is {observed.fragment_path}, which a mask "
+                        f"would have to replace (systemctl refuses); move it to /usr/local/lib/systemd/system "
+                        f"or declare `enabled: false`"
+                    )
+                else:
+                    actions.append(Action("mask", name, f"mask {name}"))
+            elif have_enabled == "masked":
+                actions.append(Action("unmask", name, f"unmask {name}"))
+                # What the unit is after unmasking cannot be seen while it is masked; the
+                # engine observes again and plans the enable/disable that may still be needed.
+            elif have_enabled in UNCHANGEABLE or isinstance(have_enabled, str):
+                blocked.append(
+                    f"{name} is {have_enabled}: it has no [Install] section of its own and cannot be "
+                    f"{'enabled' if want_enabled else 'disabled'}"
+                    + ("; declare `enabled: masked` to keep it from starting" if not want_enabled else "")
+                )
+            elif want_enabled is True:
+                actions.append(Action("enable", name, f"enable {name}"))
+            else:
+                actions.append(Action("disable", name, f"disable {name}"))
+
+        if "active" in fields:
+            if fields["active"].want:
+                if want_enabled == "masked" or (have_enabled == "masked" and want_enabled is None):
+                    blocked.append(f"{name} is masked and cannot be started")
+                else:
+                    actions.append(Action("start", name, f"start {name}"))
+            else:
+                actions.append(Action("stop", name, f"stop {name}"))
+        return Plan(actions=tuple(actions), blocked="; ".join(blocked) or None)
+
+    def apply(self, host: Host, resource: Resource, action: Action) -> str:
+        verb = action.action
+        if verb not in ("start", "stop", "enable", "disable", "mask", "unmask"):
+            raise ApplyError(f"unknown unit action {verb!r}")
+        timeout = STOP_TIMEOUT if verb in ("start", "stop") else CALL_TIMEOUT
+        return run_action(host, ["systemctl", verb, "--", action.target], timeout)
+
+    def summary(self, resource: Resource, observed: UnitObserved) -> str:
+        if not observed.exists:
+            return "not found"
+        return f"{observed.active_state}/{observed.sub_state}, {observed.unit_file_state or 'no unit file'}"

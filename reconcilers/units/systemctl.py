@@ -1,0 +1,120 @@
+"""What systemd says about units: `systemctl show` and `systemctl list-units` output, parsed,
+and the UnitFileState/ActiveState words that matter to a declared unit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ...pipeline.contract import ObserveError
+
+PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "MainPID", "FragmentPath")
+# UnitFileState values (systemctl is-enabled) that `enable`/`disable` cannot change:
+# the unit has no [Install] section, or is pulled in by another unit, or is made at boot.
+UNCHANGEABLE = {"static", "indirect", "generated", "transient", "alias"}
+ENABLED = {"enabled", "enabled-runtime", "linked", "linked-runtime", "alias"}
+MASKED = {"masked", "masked-runtime"}
+# ActiveState values that mean "running, or about to be": activating covers SubState=auto-restart,
+# a unit waiting out RestartSec= after its process died, which will come back by itself.
+RUNNING = {"active", "reloading", "activating", "deactivating", "refreshing"}
+LIST_UNITS = ("systemctl", "list-units", "--all", "--full", "--plain", "--no-legend", "--no-pager", "--")
+UNIT_PATH = ("systemctl", "show", "--no-pager", "-p", "UnitPath", "--value")
+# list-units takes its arguments as fnmatch patterns: for a name with one of these in it, not
+# being listed would not prove that systemd does not hold the unit.
+GLOB_CHARS = frozenset("*?[\\")
+# The "failed/not-found" marker column: hidden by --plain on systemd 252, shown by others.
+LIST_MARKERS = ("●", "*")
+
+
+@dataclass(frozen=True)
+class UnitObserved:
+    """What `systemctl show` reports, or would report, about a unit.
+
+    A unit observed without `show` (one that does not drift; see the module docstring) has
+    main_pid 0 (not read), fragment_path the unit file found in the search path, and, when
+    systemd does not hold it in memory, load_state "loaded" (or "masked") with inactive/dead:
+    what `show` says after loading it (it would say "bad-setting" for a unit file it cannot
+    use; `exists`, `active` and `enabled` are the same either way)."""
+
+    name: str
+    load_state: str  # loaded, not-found, masked, bad-setting, error
+    active_state: str  # active, inactive, failed, activating, deactivating, reloading
+    sub_state: str  # running, dead, exited, auto-restart, ...
+    unit_file_state: str  # enabled, disabled, static, masked, ... ("" when not found)
+    main_pid: int
+    fragment_path: str = ""
+
+    @property
+    def exists(self) -> bool:
+        return self.load_state != "not-found"
+
+    @property
+    def active(self) -> bool:
+        return self.active_state in RUNNING
+
+    @property
+    def enabled(self) -> bool | str:
+        """The value comparable with the declared `enabled`: True, False, 'masked', or the raw
+        UnitFileState where it is neither (static, indirect, generated, ...)."""
+        state = self.unit_file_state
+        if state in MASKED or self.load_state == "masked":
+            return "masked"
+        if state in ENABLED:
+            return True
+        if state in ("disabled", "") or not self.exists:
+            return False
+        return state
+
+
+def parse_show(output: str, names: Sequence[str]) -> dict[str, UnitObserved]:
+    """`systemctl show` output for several units: one block of Key=Value lines each,
+    separated by blank lines, in the order the units were named."""
+    blocks: list[dict[str, str]] = []
+    current: dict[str, str] = {}
+    for line in output.splitlines():
+        if not line.strip():
+            if current:
+                blocks.append(current)
+                current = {}
+            continue
+        key, sep, value = line.partition("=")
+        if sep:
+            current[key] = value
+    if current:
+        blocks.append(current)
+    if len(blocks) != len(names):
+        raise ObserveError(f"systemctl show returned {len(blocks)} unit blocks for {len(names)} units")
+    observed = {}
+    for name, props in zip(names, blocks, strict=True):
+        try:
+            pid = int(props.get("MainPID", "0") or 0)
+        except ValueError:
+            pid = 0
+        observed[name] = UnitObserved(
+            name=name,
+            load_state=props.get("LoadState", ""),
+            active_state=props.get("ActiveState", ""),
+            sub_state=props.get("SubState", ""),
+            unit_file_state=props.get("UnitFileState", ""),
+            main_pid=pid,
+            fragment_path=props.get("FragmentPath", ""),
+        )
+    return observed
+
+
+def parse_list_units(output: str) -> dict[str, tuple[str, str, str]]:
+    """`systemctl list-units --plain --no-legend` rows by unit name: (LOAD, ACTIVE, SUB).
+    Columns: [marker] UNIT LOAD ACTIVE SUB [JOB] DESCRIPTION. Unit names and states hold no
+    spaces, so the first four words are unambiguous; a JOB column (shown while any listed unit
+    has a job) and a description with spaces come after them."""
+    rows = {}
+    for line in output.splitlines():
+        words = line.split()
+        if words and words[0] in LIST_MARKERS:
+            words = words[1:]
+        if not words:
+            continue
+        if len(words) < 4:
+            raise ObserveError(f"unexpected line from systemctl list-units: {line.strip()!r}")
+        rows[words[0]] = (words[1], words[2], words[3])
+    return rows

@@ -1,0 +1,35 @@
+"""The views of a report: text (text.py), JSON (json.py), JUnit XML (junit.py).
+
+Every view renders the report's JSON form (pipeline/report.py), so a report received from a
+remote host renders exactly like a local one.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..pipeline.report import RunReport
+
+FORMATS = ("text", "json", "junit")
+
+
+def render(report: RunReport | dict[str, Any], fmt: str, out: IO[str] | None = None, verbose: bool = False) -> None:
+    """Render a report (or its JSON form, e.g. received from a remote host) in `fmt`."""
+    from ..pipeline.report import to_json
+
+    out = out or sys.stdout
+    doc = report if isinstance(report, dict) else to_json(report)
+    if fmt == "json":
+        from .json import render_json
+
+        render_json(doc, out)
+    elif fmt == "junit":
+        from .junit import render_junit
+
+        render_junit(doc, out)
+    else:
+        from .text import render_text
+
+        render_text(doc, out, verbose=verbose)

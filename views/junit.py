@@ -1,0 +1,119 @@
+"""JUnit XML of a report, so CI systems show drift the way they show failing tests.
+
+One <testcase> per resource (classname = kind, name = id):
+  ok          passed
+  converging  passed, with the progress in <system-out>
+  drift       <failure type="drift">, the want/have of each field and the actions
+  blocked     <failure type="blocked">: a person must act
+  error       <error>: the resource could not be observed or acted on
+No resource is reported as skipped: every declared resource was looked at.
+
+It renders the JSON form of the report, so a report received from another host renders
+exactly like a local one. The document is built with ElementTree, which escapes markup;
+characters XML 1.0 cannot carry at all (terminal escapes in a command's output) are
+replaced first, or CI parsers reject the whole file.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import xml.etree.ElementTree as ET
+from typing import IO, Any
+
+from ..pipeline.values import format_value
+
+# Not allowed anywhere in an XML 1.0 document, not even as character references.
+_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _clean(text: Any) -> str:
+    return _INVALID_XML.sub("\ufffd", "" if text is None else str(text))
+
+
+def _drift_line(d: dict[str, Any]) -> str:
+    return f"{d['field']}: want {format_value(d['want'])}, have {format_value(d['have'])}"
+
+
+def _action_line(a: dict[str, Any]) -> str:
+    text = a.get("description") or f"{a['action']} {a['target']}"
+    why = f": {a['message']}" if a.get("message") else ""
+    return f"{a['result']}: {text}{why}"
+
+
+def _detail(res: dict[str, Any]) -> str:
+    lines = [_drift_line(d) for d in res.get("drift", [])]
+    lines += [_action_line(a) for a in res.get("actions", [])]
+    if res.get("message"):
+        lines.append(res["message"])
+    return "\n".join(lines)
+
+
+def _short(res: dict[str, Any]) -> str:
+    """The one-line `message` attribute CI systems show in their test list."""
+    status = res["status"]
+    if res.get("drift"):
+        fields = ", ".join(f"{d['field']}: {format_value(d['have'])} -> {format_value(d['want'])}"
+                           for d in res["drift"])
+        text = f"{status}: {fields}"
+    else:
+        text = status
+    first = (res.get("message") or "").split("\n", 1)[0]
+    if status in ("blocked", "error") and first:
+        text += f": {first}"
+    return text
+
+
+def _testcase(res: dict[str, Any]) -> ET.Element:
+    case = ET.Element("testcase", {"classname": _clean(res["kind"]), "name": _clean(res["id"])})
+    status = res["status"]
+    detail = _clean(_detail(res))
+    if status in ("drift", "blocked"):
+        el = ET.SubElement(case, "failure", {"type": status, "message": _clean(_short(res))})
+        el.text = detail
+    elif status == "error":
+        el = ET.SubElement(case, "error", {"type": status, "message": _clean(_short(res))})
+        el.text = detail
+    elif detail:  # ok with a note, or converging: passed, and the progress is kept
+        ET.SubElement(case, "system-out").text = detail
+    return case
+
+
+def to_junit(doc: dict[str, Any]) -> ET.Element:
+    resources = doc.get("resources", [])
+    counts = {
+        "tests": len(resources),
+        "failures": sum(1 for r in resources if r["status"] in ("drift", "blocked")),
+        "errors": sum(1 for r in resources if r["status"] == "error"),
+        "skipped": 0,
+    }
+    title = f"reconcile {doc['command']}{' --dry-run' if doc.get('dry_run') else ''}"
+    attrs = {k: str(v) for k, v in counts.items()}
+    duration = f"{float(doc.get('duration_s') or 0):.3f}"
+    root = ET.Element("testsuites", {"name": title, **attrs, "time": duration})
+    started = doc.get("started") or 0
+    suite = ET.SubElement(root, "testsuite", {
+        "name": _clean(f"{title}: {doc['state_file']} on {doc['host']}"),
+        **attrs,
+        "time": duration,
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)),
+        "hostname": _clean(doc["host"]),
+    })
+    props = ET.SubElement(suite, "properties")
+    for name in ("format_version", "reconcile_version", "command", "state_file", "host_pattern", "host_matches",
+                 "exit_code"):
+        if doc.get(name) is not None:
+            ET.SubElement(props, "property", {"name": name, "value": _clean(format_value(doc[name]))})
+    for res in resources:
+        suite.append(_testcase(res))
+    if doc.get("notes"):
+        ET.SubElement(suite, "system-out").text = _clean("\n".join(doc["notes"]))
+    return root
+
+
+def render_junit(doc: dict[str, Any], out: IO[str]) -> None:
+    root = to_junit(doc)
+    ET.indent(root)
+    out.write('<?xml version="1.0" encoding="UTF-8"?>\n')
+    out.write(ET.tostring(root, encoding="unicode"))
+    out.write("\n")
