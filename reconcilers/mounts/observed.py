@@ -44,6 +44,7 @@ class FstabEntry:
     freq: int = 0
     passno: int = 0
     line: int = 0  # 1-based line number in the file
+    optstr: str = ""  # the options field as written (unescaped), what findmnt shows as OPTIONS
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,7 @@ def _fstab_line(s: bytes, n: int) -> FstabEntry | None:
             return None
     dec = os.fsdecode
     return FstabEntry(source=dec(source), mount_point=dec(target), fstype=dec(fstype),
-                      options=split_options(dec(options)), freq=freq, passno=passno, line=n)
+                      options=split_options(dec(options)), freq=freq, passno=passno, line=n, optstr=dec(options))
 
 
 # --- which line is about a path ------------------------------------------------------------
