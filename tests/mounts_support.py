@@ -107,6 +107,22 @@ def in_namespace(script: str, env: dict[str, str], timeout: float = 60) -> subpr
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def run_scenario(tmp: Path, script: str, timeout: float = 120) -> dict:
+    """Run a Python scenario (using tests/mounts_ns.py) in a fresh private mount namespace; the
+    facts it recorded. Its state files, reports and journal stay under `tmp`."""
+    import json
+
+    from cli_support import cli_env
+
+    (tmp / "scenario.py").write_text("from mounts_ns import *  # noqa: F403\n" + textwrap.dedent(script))
+    env = cli_env(tmp, T=str(tmp), PY=sys.executable, PYTHONPATH=str(HERE),
+                  RECONCILE_STATE_DIR=str(tmp / "state"), BLKID_FILE=str(tmp / "blkid.tab"))
+    proc = in_namespace('exec "$PY" "$T/scenario.py"', env, timeout=timeout)
+    facts = tmp / "facts.json"
+    assert proc.returncode == 0, f"scenario failed ({proc.returncode})\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(facts.read_text()) if facts.exists() else {}
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "fuse-hang":
         fuse_hang(sys.argv[2], sys.argv[3])

@@ -108,7 +108,7 @@ def test_unescape():
 def test_parse_fstab_first_line_wins():
     entries = parse_fstab((DATA / "fstab").read_bytes())
     assert find_fstab(entries, "/data") == FstabEntry("UUID=0f3c7a52-1b1e-4a3d-9d8e-6a1f0b9e2c11", "/data", "xfs",
-                                                      ("defaults", "noatime"), 0, 2, 2)
+                                                      ("defaults", "noatime"), 0, 2, 2, "defaults,noatime")
     assert find_fstab(entries, "/mnt/my disk").source == "/dev/nvme2n1p1"
     assert find_fstab(entries, "/run/ram").options == ("size=1g",)
     assert find_fstab(entries, "/nope") is None

@@ -73,7 +73,7 @@ def assert_same_as_findmnt(path: Path, mountinfo: bool) -> int:
     got, got_bad = ours(path.read_bytes(), mountinfo)
     assert got_bad == want_bad, f"{path.name}: rejected lines"
     assert len(got) == len(want), f"{path.name}: entries"
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
         for field, value in w.items():
             assert g[field] == value, f"{path.name} entry {i + 1} {field}: reconcile {g[field]!r}, findmnt {value!r}"
     return len(got)
@@ -118,7 +118,7 @@ def test_libmount_expected_dump_field_by_field(dump: str):
     mountinfo = is_mountinfo(table.name)
     got, _bad = ours(table.read_bytes(), mountinfo)
     assert len(got) == len(expected) > 0
-    for i, (g, want) in enumerate(zip(got, expected)):
+    for i, (g, want) in enumerate(zip(got, expected, strict=True)):
         for field, value in want.items():
             if field == "options" and mountinfo:
                 continue  # the merge of the VFS and FS fields, which are both checked
@@ -169,7 +169,8 @@ def test_findmnt_empty_file(tmp_path: Path):
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
     r = subprocess.run([_need_findmnt(), "--tab-file", str(empty)], capture_output=True, env=ENV)
-    assert r.stdout + r.stderr + f"rc={r.returncode}\n".encode() == (UL / "expected/findmnt/outputs-empty-file").read_bytes()
+    expected = (UL / "expected/findmnt/outputs-empty-file").read_bytes()
+    assert r.stdout + r.stderr + f"rc={r.returncode}\n".encode() == expected
     assert parse_mountinfo(b"") == [] and parse_fstab(b"") == []
 
 

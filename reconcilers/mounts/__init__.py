@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,6 @@ from ...pipeline.contract import (
     run_action,
 )
 from ...pipeline.values import format_bytes, format_duration, parse_duration, parse_size_or_percent
-from .kernel import PATH_MAX
 from .kernel import prepare as prepare_probe
 from .observed import MountInfo, MountObserved, ResolvedSource, observed_from
 from .options import holds, tmpfs_shown
@@ -153,9 +151,6 @@ class MountsReconciler(Reconciler):
         for name, raw in section.items():
             spec = {k: v for k, v in raw.items() if k != "needs"}
             spec["path"] = norm_path(name)
-            if len(os.fsencode(spec["path"])) >= PATH_MAX:
-                raise ValueError(f"mount point {name[:60]}... is {len(os.fsencode(spec['path']))} bytes long: "
-                                 f"no system call takes a path of {PATH_MAX} bytes or more (PATH_MAX)")
             spec.setdefault("mounted", True)
             if "options" in spec:
                 spec["options"] = tuple(spec["options"])
