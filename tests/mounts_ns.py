@@ -1,7 +1,7 @@
 """Helpers for scenario scripts that run INSIDE a private mount namespace (see
 mounts_support.run_scenario): they make mounts, run reconcile, and ask the kernel what is there,
-by means that are not reconcile's own: the mount id of a path from /proc/self/fdinfo of an
-O_PATH descriptor, the mount table from findmnt (-J, surrogateescape), mount(8) itself.
+by means that are not reconcile's own: the mount id of a path from statx(STATX_MNT_ID), the
+mount table from findmnt (-J, surrogateescape), mount(8) itself.
 
 A scenario records what it saw with `fact(name, value)`; the test reads $T/facts.json after the
 namespace is gone and asserts there.
@@ -51,17 +51,21 @@ def tmpfs(target: str, source: str | bytes = "scratch", options: str | None = No
     sh("mount", "-t", "tmpfs", *(["-o", options] if options else []), source, target)
 
 
+class _Statx(ctypes.Structure):  # struct statx, include/uapi/linux/stat.h: stx_mnt_id at 0x90
+    _fields_ = [("stx_mask", ctypes.c_uint32), ("_head", ctypes.c_uint8 * 0x8C), ("stx_mnt_id", ctypes.c_uint64),
+                ("_tail", ctypes.c_uint64 * 13)]
+
+
 def mnt_id(p: str) -> int:
-    """The kernel's mount id for what `p` reaches, from /proc/self/fdinfo (not statx, which is
-    what reconcile uses)."""
-    fd = os.open(os.fsencode(p), os.O_PATH | os.O_CLOEXEC)
-    try:
-        for line in Path(f"/proc/self/fdinfo/{fd}").read_bytes().split(b"\n"):
-            if line.startswith(b"mnt_id:"):
-                return int(line.split()[1])
-    finally:
-        os.close(fd)
-    raise RuntimeError("no mnt_id")
+    """The kernel's mount id for what `p` reaches, from statx(STATX_MNT_ID) (not the fdinfo of
+    an O_PATH descriptor, which is what reconcile reads)."""
+    assert ctypes.sizeof(_Statx) == 256 and _Statx.stx_mnt_id.offset == 0x90
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = _Statx()
+    if libc.statx(-100, os.fsencode(p), 0x800, 0x1000, ctypes.byref(buf)) != 0:  # AT_NO_AUTOMOUNT, STATX_MNT_ID
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), p)
+    assert buf.stx_mask & 0x1000, "this kernel's statx gives no mount id (Linux 5.8 or later)"
+    return int(buf.stx_mnt_id)
 
 
 COLUMNS = "ID,PARENT,TARGET,SOURCE,FSTYPE,FSROOT,VFS-OPTIONS,FS-OPTIONS"
@@ -132,3 +136,23 @@ def mount_beneath(source_dir: str, target: str) -> int:
         return ctypes.get_errno() if rc else 0
     finally:
         os.close(fd)
+
+
+_NESTED = """
+import json, os, sys
+sys.path.insert(0, os.environ["PYTHONPATH"])
+from mounts_ns import line, mnt_id, sh
+at, argv = sys.argv[1], sys.argv[2:]
+r = sh(*argv, check=False)
+out = {"rc": r.returncode, "stderr": r.stderr.decode(errors="replace")}
+if r.returncode == 0:
+    out["line"] = line(mnt_id(at))
+print(json.dumps(out, ensure_ascii=True))
+"""
+
+
+def mount8(at: str, *argv: str) -> dict:
+    """What mount(8) does with ARGV, run in a nested private namespace (so nothing stays
+    mounted here): its exit code and stderr, and the kernel's line for what `at` then reaches."""
+    r = sh("unshare", "--mount", "--propagation", "private", sys.executable, "-c", _NESTED, at, "mount", *argv)
+    return json.loads(r.stdout)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from reconcile_host.machines.host import Host
-from reconcile_host.pipeline.contract import Context, ObserveError
+from reconcile_host.pipeline.contract import ApplyError, Context, Drift, ObserveError
 from reconcile_host.pipeline.engine import judge
 from reconcile_host.pipeline.statefile import StateFileError, validate_text
 from reconcile_host.reconcilers.mounts import MountsReconciler, parse_count_or_percent
@@ -43,7 +43,8 @@ def _observed(case: dict, path: str) -> MountObserved:
     (`mount_id`; else the top of the stack at the path, right when nothing is overmounted)."""
     mi = case.get("mountinfo", "kpro6.mountinfo")
     mounts = [] if mi == "none" else parse_mountinfo((DATA / mi).read_bytes())
-    fstab = parse_fstab((DATA / case["fstab"]).read_bytes()) if case.get("fstab") else []
+    bad: list[int] = []
+    fstab = parse_fstab((DATA / case["fstab"]).read_bytes(), bad) if case.get("fstab") else []
     resolved = case.get("resolved", path)
     line = by_id(mounts, case["mount_id"]) if "mount_id" in case else top_of_stack(mounts, resolved)
     m = line if line is not None and line.mount_point == resolved else None
@@ -58,7 +59,7 @@ def _observed(case: dict, path: str) -> MountObserved:
         sources=tuple(ResolvedSource(**s) for s in case.get("sources", ())),
         resolved=resolved, exists=case.get("exists", True), on=None if m else line,
         hidden=tuple(e for e in mounts_at(mounts, resolved) if e is not m),
-        ram_pages=case.get("ram_pages", 0), page_size=case.get("page_size", 0),
+        ram_pages=case.get("ram_pages", 0), page_size=case.get("page_size", 0), fstab_errors=tuple(bad),
     )
 
 
@@ -169,7 +170,7 @@ class SilentProbeHost(Host):
     """A host whose probe children (the real fork) write the steps they begin, as probe_mount
     does, and then hang at `hang_at` as a call on a dead filesystem would, or answer `reply`."""
 
-    def __init__(self, reply: dict | None = None, steps: tuple[str, ...] = ("resolving PATH (realpath, statx)",),
+    def __init__(self, reply: dict | None = None, steps: tuple[str, ...] = ("resolving PATH (realpath, mount id)",),
                  hang: bool = True):
         super().__init__()
         self.reply, self.steps, self.hang = reply, steps, hang
@@ -203,7 +204,7 @@ def test_observe_abandons_a_probe_that_never_answers():
         host.reap()
     err = found["mount:/data"]
     assert isinstance(err, ObserveError)
-    assert str(err).startswith("stuck: resolving /data (realpath, statx) did not return within 200ms"), err
+    assert str(err).startswith("stuck: resolving /data (realpath, mount id) did not return within 200ms"), err
     # Every declared mount is asked about in a child of its own: even whether it is mounted
     # needs the path resolved and its mount id, which can hang.
     assert str(found["mount:/mnt/gone"]).startswith("stuck: resolving /mnt/gone")
@@ -211,7 +212,7 @@ def test_observe_abandons_a_probe_that_never_answers():
 
 
 def test_observe_says_which_step_hangs():
-    host = SilentProbeHost(steps=("resolving PATH (realpath, statx)", "reading /etc/fstab", "statvfs on PATH",
+    host = SilentProbeHost(steps=("resolving PATH (realpath, mount id)", "reading /etc/fstab", "statvfs on PATH",
                                   "the write probe on PATH"))
     (r,) = REC.resources({"/data": {"writable": True, "probe_timeout": "500ms"}})
     try:
@@ -250,3 +251,34 @@ def test_observe_reports_a_child_that_died_without_an_answer():
     obs = REC.observe(host, [r])[r.id]
     host.reap()
     assert isinstance(obs, ObserveError) and str(obs).startswith("the probe of /data failed")
+
+
+def test_apply_looks_again_and_does_not_mount_on_a_mount():
+    """Mounted by someone else between observe and apply: the mount action sees it in a fresh
+    probe and runs no mount(8), which would stack a second mount on top."""
+    reply = {"resolved": "/data", "exists": True, "mount": DATA_MOUNT, "hidden": [], "fstab": None}
+
+    class Host(SilentProbeHost):
+        ran: list = []
+
+        def run(self, argv, timeout=30.0, env=None, input=None):
+            self.ran.append(argv)
+            raise AssertionError(f"ran {argv}")
+
+    host = Host(reply, hang=False)
+    (r,) = REC.resources({"/data": {"source": "/dev/nvme1n1", "fstype": "xfs"}})
+    plan = REC.plan(r, MountObserved("/data", None, None), [Drift("mounted", True, False)], Context())
+    msg = REC.apply(host, r, plan.actions[0])
+    host.reap()
+    assert msg.startswith("/data is already mounted (xfs from /dev/nvme1n1, mount 41)") and host.ran == []
+
+
+def test_apply_refuses_to_mount_on_a_path_that_hangs():
+    host = SilentProbeHost()
+    (r,) = REC.resources({"/data": {"source": "/dev/nvme1n1", "fstype": "xfs", "probe_timeout": "200ms"}})
+    plan = REC.plan(r, MountObserved("/data", None, None), [Drift("mounted", True, False)], Context())
+    try:
+        with pytest.raises(ApplyError, match="not mounted: stuck: resolving /data"):
+            REC.apply(host, r, plan.actions[0])
+    finally:
+        host.reap()

@@ -2,7 +2,7 @@
 space and inodes, writable — and a filesystem that stops answering never hangs reconcile.
 
 Which mount a path reaches is the kernel's answer: the mount id of the resolved path
-(statx), matched with the /proc/self/mountinfo line of that id, never the last line that
+(an O_PATH descriptor's mnt_id), matched with the /proc/self/mountinfo line of that id, never the last line that
 names the path (mount --move, move-beneath and an overmounted parent make that wrong). That,
 and everything else that asks the filesystem (realpath, statvfs, the write probe, resolving
 UUID=/LABEL= sources), runs in one child process per mount, polled to a deadline. A child
@@ -38,7 +38,6 @@ from ...pipeline.contract import (
     run_action,
 )
 from ...pipeline.values import format_bytes, format_duration, parse_duration, parse_size_or_percent
-from .kernel import prepare as prepare_probe
 from .observed import MountInfo, MountObserved, ResolvedSource, observed_from
 from .options import holds, tmpfs_shown
 from .probe import PROBE_PREFIX, probe_mount
@@ -168,7 +167,6 @@ class MountsReconciler(Reconciler):
     def observe(self, host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
         if not resources:
             return {}
-        prepare_probe()
         requests = {r.id: {"path": r.spec["path"], "mounted": r.spec.get("mounted", True),
                            "writable": r.spec.get("writable") is True, "source": r.spec.get("source"),
                            "fstab": FSTAB, "mountinfo": MOUNTINFO, "prefix": PROBE_PREFIX}
@@ -346,6 +344,20 @@ class MountsReconciler(Reconciler):
     def apply(self, host: Host, resource: Resource, action: Action) -> str:
         if action.action != "mount":
             raise ApplyError(f"unknown mount action {action.action!r}")
+        # Look again right before mounting: another resource of this run (`/data` and `/data/`,
+        # or a symlink to it) or someone else may have mounted it since it was observed, and
+        # mount(8) would stack a second mount on top (it refuses only a block device already
+        # mounted on the same point).
+        rid, path = resource.id, resource.spec["path"]
+        req = {"path": path, "mounted": False, "fstab": FSTAB, "mountinfo": MOUNTINFO}
+        now = self._ask_children(host, {rid: req}, {rid: float(resource.spec["probe_timeout"])})[rid]
+        if isinstance(now, ObserveError):
+            raise ApplyError(f"not mounted: {now}")
+        if now.get("error"):
+            raise ApplyError(f"not mounted: {now['error']}")
+        if now.get("mount"):
+            m = observed_from(path, now).mount
+            return f"{path} is already mounted ({m.fstype} from {_src(m)}, mount {m.mount_id}): not mounted again"
         p = action.params
         if p.get("fstab"):
             argv = ["mount", "--target", action.target]

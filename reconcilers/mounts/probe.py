@@ -78,7 +78,7 @@ def probe_mount(req: dict[str, Any], out: IO[bytes]) -> None:
     path = req["path"]
     answer: dict[str, Any] = {}
     try:
-        _step(out, f"resolving {path} (realpath, statx)")
+        _step(out, f"resolving {path} (realpath, mount id)")
         where = locate(path, req.get("mountinfo", "/proc/self/mountinfo"))
     except (OSError, ValueError) as exc:  # ELOOP, ENAMETOOLONG, EACCES, a NUL byte
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
