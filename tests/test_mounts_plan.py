@@ -282,3 +282,29 @@ def test_apply_refuses_to_mount_on_a_path_that_hangs():
             REC.apply(host, r, plan.actions[0])
     finally:
         host.reap()
+
+
+def test_resolve_is_realpath_without_stat(tmp_path: Path):
+    """The probe resolves a declared path with readlink alone (no stat reaches the filesystem
+    mounted there); it must give what realpath(3) gives, errors included."""
+    import errno
+    import os
+
+    from reconcile_host.reconcilers.mounts.probe import resolve
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "file").write_text("")
+    os.symlink(tmp_path / "a", tmp_path / "abs")
+    os.symlink("b/../b", tmp_path / "a" / "rel")
+    os.symlink("loop", tmp_path / "loop")
+    os.symlink("nowhere", tmp_path / "dangling")
+    t = str(tmp_path)
+    for p in [f"{t}/abs/b", f"{t}/abs/rel", f"{t}/abs/rel/..", f"{t}//a/./b/", f"{t}/abs/../a", "/",
+              f"{t}/a/b/../../abs/rel", f"{t}/abs"]:
+        assert resolve(p) == os.path.realpath(p, strict=True), p
+    for p in [f"{t}/nope", f"{t}/loop", f"{t}/file/x", f"{t}/abs/nope/x", f"{t}/dangling"]:
+        with pytest.raises(OSError) as ours:
+            resolve(p)
+        with pytest.raises(OSError) as theirs:
+            os.path.realpath(p, strict=True)
+        assert errno.errorcode[ours.value.errno] == errno.errorcode[theirs.value.errno], p

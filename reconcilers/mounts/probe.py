@@ -13,6 +13,7 @@ resolves a mount point: realpath(3), so a declared symlink means the directory i
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 from typing import IO, Any
@@ -31,6 +32,39 @@ def canonical(path: str) -> str:
         return os.path.realpath(path, strict=True)
     except (OSError, ValueError):
         return path
+
+
+MAXSYMLINKS = 40  # the kernel's limit on symlinks followed in one lookup (ELOOP beyond)
+
+
+def resolve(path: str) -> str:
+    """realpath(3), strict, with readlink(2) alone on each component: no stat, so the
+    filesystem mounted at the path, which may not answer, is asked nothing (the kernel walks to
+    its root dentry without calling it; readlink of a directory fails EINVAL in the VFS).
+    FileNotFoundError when a component is missing, OSError for ENOTDIR, ELOOP, EACCES, ..."""
+    done, pending, followed = "/", [c for c in path.split("/") if c], 0
+    while pending:
+        name = pending.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            done = os.path.dirname(done)
+            continue
+        candidate = os.path.join(done, name)
+        try:
+            target = os.readlink(candidate)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            done = candidate  # there, and not a symlink
+            continue
+        followed += 1
+        if followed > MAXSYMLINKS:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+        pending[:0] = [c for c in target.split("/") if c]
+        if target.startswith("/"):
+            done = "/"
+    return done
 
 
 def _step(out: IO[bytes], what: str) -> None:
@@ -55,7 +89,7 @@ def locate(path: str, mountinfo: str) -> dict[str, Any]:
     """The declared path resolved, and what the kernel has there: the visible mount (or the
     mount the path merely lies on), and the other lines for that mount point."""
     try:
-        resolved, exists = os.path.realpath(path, strict=True), True
+        resolved, exists = resolve(path), True
     except FileNotFoundError:  # the path, or what its symlink points to, is not there
         resolved, exists = path, False
     mounts: list = []
