@@ -7,7 +7,8 @@ abandons it at a deadline and names the last step it began.
 Which mount is at the path is the kernel's answer (kernel.mount_id), matched with the mountinfo
 line of that id; mount ids are reused once a mount is gone, so the id is asked again after the
 table is read and the pair is kept only when both agree. The path is resolved as mount(8)
-resolves a mount point: realpath(3), so a declared symlink means the directory it points to.
+resolves a mount point: realpath(3), so a declared symlink means the directory it points to;
+with readlink alone (`resolve`), so that finding the mount asks the mounted filesystem nothing.
 """
 
 from __future__ import annotations
