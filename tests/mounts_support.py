@@ -123,6 +123,24 @@ def run_scenario(tmp: Path, script: str, timeout: float = 120) -> dict:
     return json.loads(facts.read_text()) if facts.exists() else {}
 
 
+def rid(p: str) -> str:
+    return f"mount:{p}"
+
+
+def assert_applied_once(facts: dict, name: str, paths: list[str]) -> None:
+    """The first apply mounted each path and ended ok; the second took no action; the kernel
+    lists exactly one mount at each (resolved) path."""
+    first, second = facts[f"{name}.first"], facts[f"{name}.second"]
+    assert first["rc"] == 0 and second["rc"] == 0, (first, second)
+    for p in paths:
+        r1, r2 = first["resources"][rid(p)], second["resources"][rid(p)]
+        assert [a["action"] for a in r1["actions"]] == ["mount"] and r1["status"] == "ok", r1
+        assert r1["actions"][0]["result"] == "done", r1
+        assert r2["actions"] == [] and r2["status"] == "ok", r2
+    for p, count in facts[f"{name}.count"].items():
+        assert count == 1, f"{p!r}: {count} mounts there after two applies"
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "fuse-hang":
         fuse_hang(sys.argv[2], sys.argv[3])

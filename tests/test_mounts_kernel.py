@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from mounts_support import namespaces_missing, run_scenario
+from mounts_support import assert_applied_once, namespaces_missing, rid, run_scenario
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -21,24 +21,6 @@ def _namespaces():
     why = namespaces_missing()
     if why:
         pytest.skip(why)
-
-
-def rid(p: str) -> str:
-    return f"mount:{p}"
-
-
-def assert_applied_once(facts: dict, name: str, paths: list[str]) -> None:
-    """The first apply mounted each path and ended ok; the second took no action; the kernel
-    lists exactly one mount at each (resolved) path."""
-    first, second = facts[f"{name}.first"], facts[f"{name}.second"]
-    assert first["rc"] == 0 and second["rc"] == 0, (first, second)
-    for p in paths:
-        r1, r2 = first["resources"][rid(p)], second["resources"][rid(p)]
-        assert [a["action"] for a in r1["actions"]] == ["mount"] and r1["status"] == "ok", r1
-        assert r1["actions"][0]["result"] == "done", r1
-        assert r2["actions"] == [] and r2["status"] == "ok", r2
-    for p, count in facts[f"{name}.count"].items():
-        assert count == 1, f"{p!r}: {count} mounts there after two applies"
 
 
 # --- hostile mount points ---------------------------------------------------------------------

@@ -14,8 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from mounts_support import namespaces_missing, run_scenario
-from test_mounts_kernel import assert_applied_once, rid
+from mounts_support import assert_applied_once, namespaces_missing, rid, run_scenario
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -27,14 +27,6 @@ PROBE_PREFIX = ".reconcile-probe."  # name of the temporary file the write probe
 ID_ATTEMPTS = 3  # the mount table changed between two mount-id answers: read it again
 
 
-def canonical(path: str) -> str:
-    """lib/canonicalize.c: realpath(3), or the path unchanged when realpath fails."""
-    try:
-        return os.path.realpath(path, strict=True)
-    except (OSError, ValueError):
-        return path
-
-
 MAXSYMLINKS = 40  # the kernel's limit on symlinks followed in one lookup (ELOOP beyond)
 
 
@@ -66,6 +58,14 @@ def resolve(path: str) -> str:
         if target.startswith("/"):
             done = "/"
     return done
+
+
+def canonical(path: str) -> str:
+    """lib/canonicalize.c: realpath(3), or the path unchanged when realpath fails."""
+    try:
+        return resolve(path)
+    except (OSError, ValueError):
+        return path
 
 
 def _step(out: IO[bytes], what: str) -> None:
