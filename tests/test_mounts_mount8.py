@@ -150,64 +150,93 @@ def loop_images(tmp_path: Path):
             subprocess.run(["losetup", "-d", dev], capture_output=True)
 
 
-def test_labels_resolved_as_mount_finds_them(tmp_path: Path, loop_images: dict[str, str]):
+def test_tags_resolved_as_mount_finds_them(tmp_path: Path, loop_images: dict[str, str]):
     """Without udev's links libblkid scans the devices; with them, it takes the link named by
-    blkid_encode_string. In both, reconcile's device for LABEL=... is the one mount(8) mounts,
-    and declaring the label mounts it once. One link is made to point at another device: mount(8)
-    follows it, and so must reconcile (a wrong link name would have sent it scanning instead)."""
+    blkid_encode_string. Either way, reconcile's device for LABEL=/UUID=/PARTLABEL=/PARTUUID=
+    is the one mount(8) mounts, and declaring it mounts it once. One LABEL link points at
+    another device, as a stale link would: mount(8) follows it, and so must reconcile (a wrong
+    link name would have sent it scanning instead). PARTLABEL and PARTUUID are tried through
+    links only: loop devices here get no partitions to scan."""
     labels = {k: v for k, v in loop_images.items() if not k.startswith("other")}
     other = next(v for k, v in loop_images.items() if k.startswith("other"))
+    tag = next(iter(labels))[-3:]
     facts = run_scenario(tmp_path, f"""
-        labels, other = {labels!r}, {other!r}
-        points = {{label: mkdir(path("L", str(i))) for i, label in enumerate(labels)}}
-        fact("points", points)
-        fact("blkid", {{label: sh("blkid", "-c", "/dev/null", "-l", "-o", "device", "-t", "LABEL=" + label).stdout
-                        .decode().strip() for label in labels}})
-        fact("mount8_scan", {{label: mount8(points[label], "LABEL=" + label, points[label]) for label in labels}})
-        spec = {{points[label]: {{"source": "LABEL=" + label, "fstype": "ext4"}} for label in labels}}
+        import ctypes
+        labels, other, tag = {labels!r}, {other!r}, {tag!r}
+        devs = list(labels.values())
+
+        def udev_props(dev):
+            return dict(kv.split("=", 1) for kv in sh("blkid", "-p", "-o", "udev", dev).stdout.decode().split())
+
+        # libblkid's scan (no /dev/disk here): LABEL= for every device, UUID= for the first.
+        scan = {{"LABEL=" + label: dev for label, dev in labels.items()}}
+        scan["UUID=" + udev_props(devs[0])["ID_FS_UUID"]] = devs[0]
+        points = {{src: mkdir(path("scan", str(i))) for i, src in enumerate(scan)}}
+        fact("scan", scan)
+        fact("scan.points", points)
+        fact("blkid", {{src: sh("blkid", "-c", "/dev/null", "-l", "-o", "device", "-t", src).stdout.decode().strip()
+                        for src in scan}})
+        fact("scan.mount8", {{src: mount8(points[src], src, points[src]) for src in scan}})
+        spec = {{points[src]: {{"source": src, "fstype": "ext4"}} for src in scan}}
         rc, res, _ = reconcile("diff", state(spec, "scan.yaml"))
-        fact("diff_scan", res)
+        fact("scan.diff", res)
         apply_twice(state(spec, "scan.yaml"), "scan")
         fact("scan.count", {{p: len(mounts_at(p)) for p in points.values()}})
         for p in points.values():
             sh("umount", p)
 
-        # A private /dev with udev's links: names from blkid -o udev (ID_FS_LABEL_ENC).
+        # A private /dev with udev's links, named as udev names them.
         olddev = mkdir(path("olddev"))
         sh("mount", "--rbind", "/dev", olddev)
         sh("mount", "--make-rprivate", olddev)
         sh("mount", "-t", "tmpfs", "-o", "mode=755", "privdev", "/dev")
-        for dev in ["null", "zero", "full", "random", "urandom", "loop-control"] + [d[5:] for d in labels.values()] \\
-                + [other[5:]]:
+        for dev in ["null", "zero", "full", "random", "urandom", "loop-control"] + [d[5:] for d in devs + [other]]:
             Path("/dev", dev).touch()
             sh("mount", "--bind", os.path.join(olddev, dev), "/dev/" + dev)
-        os.makedirs("/dev/disk/by-label")
-        names = {{}}
+        lib = ctypes.CDLL("libblkid.so.1")
+
+        def encode(value):
+            buf = ctypes.create_string_buffer(4 * len(value.encode()) + 8)
+            lib.blkid_encode_string(value.encode(), buf, len(buf))
+            return buf.value.decode()
+
+        links = {{}}  # source -> (link, device it points to)
+        stale = "LABEL=" + list(labels)[0]
         for label, dev in labels.items():
-            udev = dict(kv.split("=", 1) for kv in sh("blkid", "-p", "-o", "udev", dev).stdout.decode().split())
-            names[label] = udev["ID_FS_LABEL_ENC"]
-        stale = list(labels)[0]  # its link points at another device, as a stale link would
-        for label, dev in labels.items():
-            os.symlink("../../" + (other if label == stale else dev)[5:], "/dev/disk/by-label/" + names[label])
-        fact("names", names)
+            name = udev_props(dev)["ID_FS_LABEL_ENC"]  # udev's own name for the link
+            links["LABEL=" + label] = ("by-label/" + name, other if "LABEL=" + label == stale else dev)
+        props = udev_props(devs[1])
+        links["UUID=" + props["ID_FS_UUID"]] = ("by-uuid/" + props["ID_FS_UUID_ENC"], devs[1])
+        links["PARTLABEL=p (1)/x" + tag] = ("by-partlabel/" + encode("p (1)/x" + tag), devs[2])
+        links["PARTUUID=0f3c7a52-01"] = ("by-partuuid/" + encode("0f3c7a52-01"), devs[3])
+        for src, (link, dev) in links.items():
+            os.makedirs(os.path.dirname("/dev/disk/" + link), exist_ok=True)
+            os.symlink("../../" + dev[5:], "/dev/disk/" + link)
+        points = {{src: mkdir(path("udev", str(i))) for i, src in enumerate(links)}}
+        fact("udev", {{src: [link, dev] for src, (link, dev) in links.items()}})
+        fact("udev.points", points)
         fact("stale", stale)
-        fact("mount8_udev", {{label: mount8(points[label], "LABEL=" + label, points[label]) for label in labels}})
+        fact("udev.mount8", {{src: mount8(points[src], src, points[src]) for src in links}})
+        spec = {{points[src]: {{"source": src, "fstype": "ext4"}} for src in links}}
         rc, res, _ = reconcile("diff", state(spec, "udev.yaml"))
-        fact("diff_udev", res)
+        fact("udev.diff", res)
+        apply_twice(state(spec, "udev.yaml"), "udev")
+        fact("udev.count", {{p: len(mounts_at(p)) for p in points.values()}})
     """)
-    points = facts["points"]
-    for label, dev in labels.items():
-        p = points[label]
-        assert facts["blkid"][label] == dev
-        scan = facts["mount8_scan"][label]
-        assert scan["rc"] == 0 and scan["line"]["source"] == dev, scan
-        src = facts["diff_scan"][rid(p)]["observed"]["sources"][0]
-        assert src["given"] == f"LABEL={label}" and src["path"] == dev and "found by blkid" in src["note"], src
-        udev = facts["mount8_udev"][label]
-        assert udev["rc"] == 0, udev
-        src = facts["diff_udev"][rid(p)]["observed"]["sources"][0]
-        assert src["path"] == udev["line"]["source"] and src["note"] == "", (label, src, udev)
-        if label == facts["stale"]:
-            assert udev["line"]["source"] == other
+    for src, dev in facts["scan"].items():
+        p = facts["scan.points"][src]
+        assert facts["blkid"][src] == dev
+        m8 = facts["scan.mount8"][src]
+        assert m8["rc"] == 0 and m8["line"]["source"] == dev, m8
+        found = facts["scan.diff"][rid(p)]["observed"]["sources"][0]
+        assert found["given"] == src and found["path"] == dev and "found by blkid" in found["note"], found
+    for src, (_link, dev) in facts["udev"].items():
+        p = facts["udev.points"][src]
+        m8 = facts["udev.mount8"][src]
+        assert m8["rc"] == 0 and m8["line"]["source"] == dev, (src, m8)
+        found = facts["udev.diff"][rid(p)]["observed"]["sources"][0]
+        assert found["path"] == dev and found["note"] == "", (src, found)
+    assert facts["udev"][facts["stale"]][1] == other
     assert_applied_once(facts, "scan", list(facts["scan.count"]))
-    assert facts["names"]["data(1)" + next(iter(labels))[-3:]].startswith("data\\x281\\x29")
+    assert_applied_once(facts, "udev", list(facts["udev.count"]))
+    assert facts["udev"][f"LABEL=data(1){tag}"][0] == f"by-label/data\\x281\\x29{tag}"
