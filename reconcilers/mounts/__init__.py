@@ -189,10 +189,12 @@ class MountsReconciler(Reconciler):
         deadline; a child that misses it is killed and abandoned (Host.collect)."""
         children = {}
         answers: dict[str, Any] = {}
-        started = time.monotonic()
         for rid, req in requests.items():
             try:
-                children[rid] = (host.fork_call(probe_mount, req), started + timeouts[rid])
+                # Each deadline runs from that child's own start: forking a hundred children
+                # of a large process on a busy host takes a while, and must not eat the last
+                # ones' time.
+                children[rid] = (host.fork_call(probe_mount, req), time.monotonic() + timeouts[rid])
             except OSError as exc:
                 answers[rid] = ObserveError(f"cannot start the probe of {req['path']}: {exc.strerror}")
         for rid, (said, finished) in host.collect(children).items():
