@@ -107,6 +107,40 @@ def in_namespace(script: str, env: dict[str, str], timeout: float = 60) -> subpr
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+def run_scenario(tmp: Path, script: str, timeout: float = 120) -> dict:
+    """Run a Python scenario (using tests/mounts_ns.py) in a fresh private mount namespace; the
+    facts it recorded. Its state files, reports and journal stay under `tmp`."""
+    import json
+
+    from cli_support import cli_env
+
+    (tmp / "scenario.py").write_text("from mounts_ns import *  # noqa: F403\n" + textwrap.dedent(script))
+    env = cli_env(tmp, T=str(tmp), PY=sys.executable, PYTHONPATH=str(HERE),
+                  RECONCILE_STATE_DIR=str(tmp / "state"), BLKID_FILE=str(tmp / "blkid.tab"))
+    proc = in_namespace('exec "$PY" "$T/scenario.py"', env, timeout=timeout)
+    facts = tmp / "facts.json"
+    assert proc.returncode == 0, f"scenario failed ({proc.returncode})\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(facts.read_text()) if facts.exists() else {}
+
+
+def rid(p: str) -> str:
+    return f"mount:{p}"
+
+
+def assert_applied_once(facts: dict, name: str, paths: list[str]) -> None:
+    """The first apply mounted each path and ended ok; the second took no action; the kernel
+    lists exactly one mount at each (resolved) path."""
+    first, second = facts[f"{name}.first"], facts[f"{name}.second"]
+    assert first["rc"] == 0 and second["rc"] == 0, (first, second)
+    for p in paths:
+        r1, r2 = first["resources"][rid(p)], second["resources"][rid(p)]
+        assert [a["action"] for a in r1["actions"]] == ["mount"] and r1["status"] == "ok", r1
+        assert r1["actions"][0]["result"] == "done", r1
+        assert r2["actions"] == [] and r2["status"] == "ok", r2
+    for p, count in facts[f"{name}.count"].items():
+        assert count == 1, f"{p!r}: {count} mounts there after two applies"
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "fuse-hang":
         fuse_hang(sys.argv[2], sys.argv[3])

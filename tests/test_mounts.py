@@ -269,11 +269,32 @@ mounts:
     hung = res[f"mount:{sc.tmp}/hung"]
     assert hung["status"] == "error" and "stuck" in hung["message"], hung
     assert "did not return within 1s" in hung["message"], hung  # the deadline that was applied
+    # Finding the mount (path, mount id, table) asks the hung filesystem nothing: statvfs hangs.
+    assert hung["message"].startswith(f"stuck: statvfs on {sc.tmp}/hung "), hung
     assert res[f"mount:{sc.tmp}/fine"]["status"] == "ok"
     # The server is killed only after diff returned, so diff came back while the mount was still
     # hung: it did not wait for it. The bound below is a guard against "never", not a stopwatch.
     start, end = (float(x) for x in sc.text("elapsed").split())
     assert end - start < 30, f"diff took {end - start:.2f}s"
+
+
+def test_hung_fuse_mount_is_seen_without_asking_it(sc: Scenario):
+    """Whether something is mounted is the kernel's answer (the path's mount id and the table):
+    a hung filesystem declared `mounted: false` is reported mounted, not stuck."""
+    why = fuse_missing()
+    if why:
+        pytest.skip(why)
+    state = sc.state("""
+mounts:
+  $T/hung:
+    mounted: false
+    probe_timeout: 1s
+""")
+    sc.run(HUNG_FUSE_DIFF.replace("STATE", str(state)))
+    rc, res = sc.report("diff")
+    hung = res[f"mount:{sc.tmp}/hung"]
+    assert rc == 2 and hung["status"] == "blocked", hung
+    assert hung["observed"]["mount"]["fstype"] == "fuse.hang" and "declared `mounted: false`" in hung["message"]
 
 
 def test_extraction_on_a_hung_mount_is_reported_not_waited_on(sc: Scenario):

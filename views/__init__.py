@@ -32,4 +32,8 @@ def render(report: RunReport | dict[str, Any], fmt: str, out: IO[str] | None = N
     else:
         from .text import render_text
 
+        # Paths from the kernel that are not UTF-8 are kept as surrogates (os.fsdecode): on a
+        # terminal they go out as the bytes they were, never as a UnicodeEncodeError.
+        if getattr(out, "errors", None) == "strict" and hasattr(out, "reconfigure"):
+            out.reconfigure(errors="surrogateescape")
         render_text(doc, out, verbose=verbose)

@@ -23,8 +23,9 @@ from typing import IO, Any
 
 from ..pipeline.values import format_value
 
-# Not allowed anywhere in an XML 1.0 document, not even as character references.
-_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+# Not allowed anywhere in an XML 1.0 document, not even as character references (surrogates:
+# bytes that were not UTF-8 in a path, kept by os.fsdecode).
+_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def _clean(text: Any) -> str:

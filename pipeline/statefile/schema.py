@@ -99,7 +99,9 @@ def format_checker():
     checker.checks("size-or-percent")(returns_bool(parse_size_or_percent))
     checker.checks("duration")(returns_bool(parse_duration))
     checker.checks("unit-name")(lambda v: not isinstance(v, str) or is_unit_name(v))
-    checker.checks("abs-path")(lambda v: not isinstance(v, str) or v.startswith("/"))
+    # PATH_MAX is 4096 bytes with the NUL: no system call takes a longer path (or a NUL byte).
+    checker.checks("abs-path")(lambda v: not isinstance(v, str) or (
+        v.startswith("/") and "\0" not in v and len(v.encode("utf-8", "surrogateescape")) < 4096))
     return checker
 
 
@@ -108,7 +110,7 @@ FORMAT_HINTS = {
     "size-or-percent": "invalid size {v!r}: use e.g. 4TiB, 75.8GB or a percentage such as '15%'",
     "duration": "invalid duration {v!r}: use e.g. 500ms, 10s, 5m or 1h30m",
     "unit-name": "invalid systemd unit name {v!r}: expected NAME.service, NAME.timer, NAME@INSTANCE.service, ...",
-    "abs-path": "{v!r} is not an absolute path",
+    "abs-path": "{v!r} is not an absolute path (it must start with /, be shorter than 4096 bytes, hold no NUL)",
 }
 
 

@@ -1,12 +1,17 @@
 """Mounts: mounted from the right source with the right type and options, enough free
 space and inodes, writable — and a filesystem that stops answering never hangs reconcile.
 
-What is mounted comes from /proc/self/mountinfo, read by this process: the kernel answers
-it from memory, without asking any filesystem. Everything that does ask the filesystem
-(statvfs, the write probe, resolving UUID=/LABEL= sources) runs in one child process per
-mount, polled to a deadline. A child that misses it is abandoned, not waited for: a
-process in D-state can be neither killed nor reaped (Python's `subprocess.run(timeout=)`
-would wait for it without bound). This process never touches a suspect path itself.
+Which mount a path reaches is the kernel's answer: the mount id of the resolved path
+(an O_PATH descriptor's mnt_id), matched with the /proc/self/mountinfo line of that id, never the last line that
+names the path (mount --move, move-beneath and an overmounted parent make that wrong). That,
+and everything else that asks the filesystem (realpath, statvfs, the write probe, resolving
+UUID=/LABEL= sources), runs in one child process per mount, polled to a deadline. A child
+that misses it is abandoned, not waited for: a process in D-state can be neither killed nor
+reaped (Python's `subprocess.run(timeout=)` would wait for it without bound). This process
+never touches a suspect path itself.
+
+A declared path that is a symlink means what mount(8) makes of it: the directory it resolves
+to (realpath). reconcile compares and mounts there, and reports both names.
 
 reconcile mounts what is declared and not mounted (from /etc/fstab, or from the declared
 source and type); it never unmounts: a mount from the wrong device, too little space or a
@@ -33,9 +38,10 @@ from ...pipeline.contract import (
     run_action,
 )
 from ...pipeline.values import format_bytes, format_duration, parse_duration, parse_size_or_percent
-from .observed import MountObserved, ResolvedSource, Space
-from .probe import PROBE_PREFIX, TAG_DIRS, probe_mount
-from .tables import find_fstab, find_mount, norm_path, parse_fstab, parse_mountinfo
+from .observed import MountInfo, MountObserved, ResolvedSource, observed_from
+from .options import holds, tmpfs_shown
+from .probe import PROBE_PREFIX, probe_mount
+from .tables import norm_path
 
 if TYPE_CHECKING:
     from ...machines.host import Host
@@ -71,6 +77,40 @@ def same_source(declared: ResolvedSource | None, declared_text: str, have_text: 
     return bool(declared.devno) and declared.devno in have_devnos
 
 
+def _read_lines(said: bytes) -> tuple[str, dict | None]:
+    """What a probe child wrote: the last step it began, and its answer (None if it gave none)."""
+    step, answer = "", None
+    for line in said.split(b"\n"):
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(msg, dict):
+            step = msg.get("step", step)
+            answer = msg.get("answer", answer)
+    return step, answer
+
+
+def _src(m: MountInfo) -> str:
+    return m.source if m.source else "an empty source"
+
+
+def _missing_options(spec: dict, observed: MountObserved) -> list[str]:
+    m = observed.mount
+    return [o for o in spec.get("options") or () if holds(o, m, observed.ram_pages, observed.page_size) is False]
+
+
+def _explain_option(opt: str, observed: MountObserved) -> str:
+    m = observed.mount
+    model = tmpfs_shown(opt, observed.ram_pages, observed.page_size) if m.fstype == "tmpfs" else None
+    if model is not None:
+        key, want = model
+        shown = [o for o in m.super_options if o.partition("=")[0] == key]
+        return (f"{opt} (the kernel would show {f'{key}={want}' if want else f'no {key}= (the default)'}, "
+                f"it shows {shown[-1] if shown else f'no {key}= (the default)'})")
+    return opt
+
+
 # --- the reconciler -----------------------------------------------------------------------
 
 def _want_free(rule: tuple[str, float], total: int) -> int:
@@ -90,7 +130,7 @@ def _rule_text(rule: tuple[str, float], want: int, unit: str) -> str:
 
 def _declared_source_text(spec: dict, obs: MountObserved) -> str:
     src = spec["source"]
-    res = obs.resolved(src)
+    res = obs.resolved_source(src)
     if res and res.path and res.path != src:
         return f"{src} ({res.path})"
     if res and res.note:
@@ -127,57 +167,20 @@ class MountsReconciler(Reconciler):
     def observe(self, host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
         if not resources:
             return {}
-        try:
-            mounts = parse_mountinfo(host.read_text(MOUNTINFO))
-        except OSError as exc:
-            raise ObserveError(f"cannot read {MOUNTINFO}: {exc.strerror}") from None
-        try:
-            fstab = parse_fstab(host.read_text(FSTAB))
-        except FileNotFoundError:
-            fstab = []
-        except OSError as exc:
-            raise ObserveError(f"cannot read {FSTAB}: {exc.strerror}") from None
-
-        base: dict[str, MountObserved] = {}
-        requests: dict[str, dict[str, Any]] = {}
-        for r in resources:
-            path = r.spec["path"]
-            m, f = find_mount(mounts, path), find_fstab(fstab, path)
-            base[r.id] = MountObserved(path, m, f)
-            # Sources are only compared when one is declared.
-            resolve = [s for s in (r.spec.get("source"), m and m.source, f and f.source) if s] \
-                if r.spec.get("source") else []
-            want_mounted = r.spec.get("mounted", True)
-            # Only a mount that is there and wanted is asked about its space: statvfs of an
-            # unmounted point would describe the filesystem underneath.
-            do_stat = bool(m) and want_mounted
-            probe = do_stat and r.spec.get("writable") is True and not m.read_only
-            if do_stat or resolve:
-                requests[r.id] = {"path": path, "stat": do_stat, "probe": probe,
-                                  "resolve": list(dict.fromkeys(resolve)), "tag_dirs": TAG_DIRS,
-                                  "prefix": PROBE_PREFIX}
-
+        requests = {r.id: {"path": r.spec["path"], "mounted": r.spec.get("mounted", True),
+                           "writable": r.spec.get("writable") is True, "source": r.spec.get("source"),
+                           "fstab": FSTAB, "mountinfo": MOUNTINFO, "prefix": PROBE_PREFIX}
+                    for r in resources}
         answers = self._ask_children(host, requests, {r.id: float(r.spec["probe_timeout"]) for r in resources})
         out: dict[str, Any] = {}
         for r in resources:
-            obs = base[r.id]
-            if r.id not in requests:
-                out[r.id] = obs
-                continue
             ans = answers[r.id]
             if isinstance(ans, ObserveError):
                 out[r.id] = ans
-                continue
-            if ans.get("error"):
+            elif ans.get("error"):
                 out[r.id] = ObserveError(ans["error"])
-                continue
-            space = ans.get("space")
-            out[r.id] = MountObserved(
-                obs.path, obs.mount, obs.fstab,
-                space=Space(**space) if space else None,
-                writable=ans.get("writable"), write_error=ans.get("write_error", ""),
-                sources=tuple(ResolvedSource(**s) for s in ans.get("sources", ())),
-            )
+            else:
+                out[r.id] = observed_from(r.spec["path"], ans)
         return out
 
     def _ask_children(self, host: Host, requests: dict[str, dict[str, Any]],
@@ -186,26 +189,28 @@ class MountsReconciler(Reconciler):
         deadline; a child that misses it is killed and abandoned (Host.collect)."""
         children = {}
         answers: dict[str, Any] = {}
-        started = time.monotonic()
         for rid, req in requests.items():
             try:
-                children[rid] = (host.fork_call(probe_mount, req), started + timeouts[rid])
+                # Each deadline runs from that child's own start: forking a hundred children
+                # of a large process on a busy host takes a while, and must not eat the last
+                # ones' time.
+                children[rid] = (host.fork_call(probe_mount, req), time.monotonic() + timeouts[rid])
             except OSError as exc:
                 answers[rid] = ObserveError(f"cannot start the probe of {req['path']}: {exc.strerror}")
         for rid, (said, finished) in host.collect(children).items():
             req, proc = requests[rid], children[rid][0]
+            step, answer = _read_lines(said)
             if not finished:
-                what = "the write probe" if b"statvfs done" in said else "statvfs"
+                what = step or f"the probe of {req['path']}"
                 answers[rid] = ObserveError(
-                    f"stuck: {what} on {req['path']} did not return within {format_duration(timeouts[rid])} "
+                    f"stuck: {what} did not return within {format_duration(timeouts[rid])} "
                     f"(the filesystem does not answer; probe pid {proc.pid} abandoned)")
-                continue
-            text = said.decode(errors="replace").strip()
-            try:
-                answers[rid] = json.loads(text.splitlines()[-1])
-            except (ValueError, IndexError):
+            elif answer is None:
+                text = said.decode(errors="replace").strip()
                 answers[rid] = ObserveError(f"the probe of {req['path']} failed "
-                                            f"(exit {proc.returncode}): {text[:200] or 'no output'}")
+                                            f"(exit {proc.returncode}): {text[-200:] or 'no output'}")
+            else:
+                answers[rid] = answer
         return answers
 
     # --- diff -----------------------------------------------------------------------------
@@ -218,12 +223,13 @@ class MountsReconciler(Reconciler):
             return [Drift("mounted", True, False)]
         drift = []
         src = spec.get("source")
-        if src and not same_source(observed.resolved(src), src, m.source, observed.resolved(m.source), m.devno):
+        if src and not same_source(observed.resolved_source(src), src, m.source, observed.resolved_source(m.source),
+                                   m.devno):
             drift.append(Drift("source", _declared_source_text(spec, observed), m.source))
         if spec.get("fstype") and spec["fstype"] != m.fstype:
             drift.append(Drift("fstype", spec["fstype"], m.fstype))
         want_opts = spec.get("options") or ()
-        if [o for o in want_opts if o not in m.all_options]:
+        if _missing_options(spec, observed):
             drift.append(Drift("options", ",".join(want_opts), ",".join(m.all_options)))
         space = observed.space
         if space and spec.get("min_free"):
@@ -255,20 +261,26 @@ class MountsReconciler(Reconciler):
         fields = {d.field: d for d in drift}
         if "mounted" in fields:
             if not fields["mounted"].want:
-                return Plan(blocked=f"{path} is mounted ({m.fstype} from {m.source}) but declared `mounted: false`; "
-                                    f"reconcile never unmounts: unmount it by hand (umount {path})")
+                return Plan(blocked=f"{observed.where()} is mounted ({m.fstype} from {_src(m)}) but declared "
+                                    f"`mounted: false`; reconcile never unmounts: unmount it by hand (umount {path})")
             return self._plan_mount(spec, observed)
 
         blocked = []
         never = "reconcile never unmounts a filesystem that may hold user data"
         if "source" in fields:
-            blocked.append(f"{path} is mounted from {m.source}, not {fields['source'].want}; {never}")
+            blocked.append(f"{path} is mounted from {_src(m)}, not {fields['source'].want}; {never}")
         if "fstype" in fields:
             blocked.append(f"{path} is {m.fstype}, not {spec['fstype']}; {never}")
         if "options" in fields:
-            missing = [o for o in spec["options"] if o not in m.all_options]
-            blocked.append(f"{path} lacks mount option{'s' if len(missing) > 1 else ''} {','.join(missing)}: "
-                           f"remount by hand (mount -o remount,{','.join(missing)} {path}) and fix /etc/fstab")
+            missing = _missing_options(spec, observed)
+            shown = [o for o in missing if tmpfs_shown(o, observed.ram_pages, observed.page_size) is None
+                     or m.fstype != "tmpfs"]
+            hint = (f"; the kernel shows {m.fstype}'s options in its own form (findmnt -no VFS-OPTIONS,FS-OPTIONS "
+                    f"{path}): if {', '.join(shown)} is in effect under another spelling, declare that spelling"
+                    if shown else "")
+            blocked.append(f"{path} lacks mount option{'s' if len(missing) > 1 else ''} "
+                           f"{', '.join(_explain_option(o, observed) for o in missing)}: remount by hand "
+                           f"(mount -o remount,{','.join(missing)} {path}) and fix /etc/fstab{hint}")
         space = observed.space
         if "min_free" in fields and space:
             want = _want_free(spec["min_free"], space.total_bytes)
@@ -294,29 +306,60 @@ class MountsReconciler(Reconciler):
     def _plan_mount(self, spec: dict, observed: MountObserved) -> Plan:
         path, fst = spec["path"], observed.fstab
         src, fstype, options = spec.get("source"), spec.get("fstype"), spec.get("options") or ()
+        where = observed.where()
+        if observed.hidden:
+            # Something is mounted at the path but cannot be reached: a later mount on an
+            # ancestor covers it. Mounting again would put a second copy on top of the cover.
+            h, on = observed.hidden[-1], observed.on
+            cover = f" by mount {on.mount_id} on {on.mount_point} ({on.fstype} from {_src(on)})" if on else ""
+            return Plan(blocked=f"{where} is not reachable: mount {h.mount_id} there ({h.fstype} from {_src(h)}) is "
+                                f"hidden{cover}, mounted over its parent later; reconcile does not mount {path} "
+                                f"a second time: unmount what covers it (findmnt -o ID,PARENT,TARGET,SOURCE)")
+        if not observed.exists and not (fst and any(o == "X-mount.mkdir" or o.startswith("X-mount.mkdir=")
+                                                    for o in fst.options)):
+            return Plan(blocked=f"{where} does not exist: reconcile does not create mount points; create it "
+                                f"(mkdir -p {observed.resolved or path}) or give the {FSTAB} entry X-mount.mkdir")
         if fst:
             conflicts = []
-            if src and not same_source(observed.resolved(src), src, fst.source, observed.resolved(fst.source)):
+            if src and not same_source(observed.resolved_source(src), src, fst.source,
+                                       observed.resolved_source(fst.source)):
                 conflicts.append(f"source {fst.source}, the state file {_declared_source_text(spec, observed)}")
             if fstype and fstype != fst.fstype:
                 conflicts.append(f"type {fst.fstype}, the state file {fstype}")
             if conflicts:
-                return Plan(blocked=f"{path} is not mounted and {FSTAB} disagrees with the state file "
-                                    f"({'; '.join(conflicts)}): fix one of them")
-            return Plan(actions=(Action("mount", path, f"mount {path} ({FSTAB}: {fst.source}, {fst.fstype})",
-                                        {"fstab": True}),))
+                return Plan(blocked=f"{path} is not mounted and {FSTAB} line {fst.line} disagrees with the state "
+                                    f"file ({'; '.join(conflicts)}): fix one of them")
+            return Plan(actions=(Action("mount", path, f"mount {path} ({FSTAB} line {fst.line}: {fst.source}, "
+                                                       f"{fst.fstype})", {"fstab": True}),))
         if src and fstype:
             opts = f" -o {','.join(options)}" if options else ""
             return Plan(actions=(Action("mount", path, f"mount -t {fstype}{opts} {src} {path}",
                                         {"source": src, "fstype": fstype, "options": list(options)}),))
-        return Plan(blocked=f"{path} is not mounted, has no {FSTAB} entry, and the state file does not give "
-                            f"both `source` and `fstype` to mount it from")
+        broken = (f" ({FSTAB} line{'s' if len(observed.fstab_errors) > 1 else ''} "
+                  f"{', '.join(map(str, observed.fstab_errors))} cannot be parsed and mount(8) ignores "
+                  f"{'them' if len(observed.fstab_errors) > 1 else 'it'})" if observed.fstab_errors else "")
+        return Plan(blocked=f"{where} is not mounted, has no {FSTAB} entry{broken}, and the state file does not "
+                            f"give both `source` and `fstype` to mount it from")
 
     # --- apply ----------------------------------------------------------------------------
 
     def apply(self, host: Host, resource: Resource, action: Action) -> str:
         if action.action != "mount":
             raise ApplyError(f"unknown mount action {action.action!r}")
+        # Look again right before mounting: another resource of this run (`/data` and `/data/`,
+        # or a symlink to it) or someone else may have mounted it since it was observed, and
+        # mount(8) would stack a second mount on top (it refuses only a block device already
+        # mounted on the same point).
+        rid, path = resource.id, resource.spec["path"]
+        req = {"path": path, "mounted": False, "fstab": FSTAB, "mountinfo": MOUNTINFO}
+        now = self._ask_children(host, {rid: req}, {rid: float(resource.spec["probe_timeout"])})[rid]
+        if isinstance(now, ObserveError):
+            raise ApplyError(f"not mounted: {now}")
+        if now.get("error"):
+            raise ApplyError(f"not mounted: {now['error']}")
+        if now.get("mount"):
+            m = observed_from(path, now).mount
+            return f"{path} is already mounted ({m.fstype} from {_src(m)}, mount {m.mount_id}): not mounted again"
         p = action.params
         if p.get("fstab"):
             argv = ["mount", "--target", action.target]
@@ -329,9 +372,16 @@ class MountsReconciler(Reconciler):
 
     def summary(self, resource: Resource, observed: MountObserved) -> str:
         m = observed.mount
+        link = f" (-> {observed.resolved})" if observed.resolved and observed.resolved != observed.path else ""
         if m is None:
-            return "not mounted" + (f" ({FSTAB}: {observed.fstab.source})" if observed.fstab else "")
-        parts = [f"{m.fstype} from {m.source}" + (f" [{m.root}]" if m.root != "/" else "")]
+            if not observed.exists:
+                return f"not mounted: {observed.path}{link} does not exist"
+            if observed.hidden:
+                return f"not mounted: the mount at {observed.path}{link} is hidden under another"
+            return f"not mounted{link}" + (f" ({FSTAB}: {observed.fstab.source})" if observed.fstab else "")
+        parts = [f"{m.fstype} from {_src(m)}" + (f" [{m.root}]" if m.root != "/" else "") + link]
+        if observed.hidden:
+            parts.append(f"{len(observed.hidden)} more mount{'s' if len(observed.hidden) > 1 else ''} underneath")
         s = observed.space
         if s and s.total_bytes:
             parts.append(f"{format_bytes(s.free_bytes)} free of {format_bytes(s.total_bytes)} "
