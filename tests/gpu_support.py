@@ -227,25 +227,6 @@ def parse_probe(stdout: str) -> list[dict]:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def fake_nvidia_smi(bindir: Path, gpu_csv: Path, apps_csv: Path, remap_csv: Path | None = None) -> Path:
-    """A stand-in `nvidia-smi` that prints recorded CSV for the queries reconcile makes."""
-    bindir.mkdir(parents=True, exist_ok=True)
-    script = bindir / "nvidia-smi"
-    remap = (f'cat "{remap_csv}"' if remap_csv
-             else 'echo "Field \\"remapped_rows.pending\\" is not a valid field to query." >&2; exit 2')
-    script.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        case "$*" in
-          *--query-gpu=index,*) cat "{gpu_csv}" ;;
-          *--query-gpu=uuid,remapped_rows*) {remap} ;;
-          *--query-compute-apps=*) cat "{apps_csv}" ;;
-          *) echo "fake nvidia-smi: unexpected arguments: $*" >&2; exit 2 ;;
-        esac
-        """))
-    script.chmod(0o755)
-    return script
-
-
 def path_without(names: Iterable[str]) -> str:
     """$PATH minus the directories that hold any of NAMES (e.g. a real nvidia-smi)."""
     dirs = [d for d in os.environ.get("PATH", "").split(os.pathsep)
