@@ -208,9 +208,13 @@ PYNVML_PROBE = textwrap.dedent("""
     pynvml.nvmlInit()
     out = []
     for i in range(pynvml.nvmlDeviceGetCount()):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        m = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
-        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            m = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        except pynvml.NVMLError as exc:  # a lost GPU: what pynvml says instead of a reading
+            out.append({"used_mib": None, "total_mib": None, "pids": None, "error": str(exc)})
+            continue
         out.append({"used_mib": m.used // 2**20, "total_mib": m.total // 2**20,
                     "pids": sorted(p.pid for p in procs)})
     pynvml.nvmlShutdown()
@@ -219,7 +223,8 @@ PYNVML_PROBE = textwrap.dedent("""
 
 
 def pynvml_probe_argv() -> list[str]:
-    """A python command that prints each GPU's used/total MiB and PIDs as pynvml sees them."""
+    """A python command that prints each GPU's used/total MiB and PIDs as pynvml sees them (or the
+    error pynvml raises for it)."""
     return [sys.executable, "-c", PYNVML_PROBE]
 
 
