@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FAKE_SRC = HERE / "fakenvml" / "fakenvml.c"
+FAKE_SRC = (HERE / "fakenvml" / "fakenvml.c", HERE / "fakenvml" / "fakenvml_more.c")
 HOLDER = HERE / "fakenvml" / "holder.py"
 DATA = HERE / "data" / "gpus"
 SEED_TOTAL_MIB = 97887  # RTX PRO 6000 Blackwell, as nvidia-smi showed it on the seed host
@@ -33,7 +33,7 @@ def build_fake_nvml(outdir: Path, old_driver: bool = False) -> Path:
         raise FileNotFoundError("gcc not found")
     outdir.mkdir(parents=True, exist_ok=True)
     cmd = [gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Wno-format-truncation", "-o",
-           str(outdir / "libnvidia-ml.so.1"), str(FAKE_SRC)]
+           str(outdir / "libnvidia-ml.so.1"), *map(str, FAKE_SRC)]
     if old_driver:
         cmd.insert(1, "-DFAKE_OLD_DRIVER")
     subprocess.run(cmd, check=True, capture_output=True, text=True)

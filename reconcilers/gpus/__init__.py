@@ -344,7 +344,13 @@ class GpusReconciler(Reconciler):
         else:
             word = "healthy"
         via = "NVML" if observed.source == "nvml" else "nvidia-smi"
-        return f"{len(observed.gpus)} GPUs via {via} (driver {observed.driver_version}), {word}: {per}"
+        current = [e for e in observed.xids if e.current]
+        log = ""
+        if current:
+            keep = sum(1 for e in current if e.keep_off)
+            log = f"; kernel log: {len(current)} driver message{'s' if len(current) != 1 else ''} since the GPUs " \
+                  f"were initialised, {keep} keeping a job off"
+        return f"{len(observed.gpus)} GPUs via {via} (driver {observed.driver_version}), {word}: {per}{log}"
 
 
 def _match(field: str, pattern: str) -> bool:

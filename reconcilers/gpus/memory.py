@@ -162,7 +162,8 @@ def memory_lines(observed: GpusObserved, spec: Mapping[str, Any]) -> list[str]:
     lines = []
     for g in observed.gpus:
         counted = counted_used(g, observed.holders, spec.get("allow", ()))
-        used = "memory not reported" if g.memory_used is None else mib(g.memory_used)
+        used = ("memory not readable" if g.lost or g.read_errors else "memory not reported") \
+            if g.memory_used is None else mib(g.memory_used)
         total = "" if g.memory_total is None else f" / {mib(g.memory_total)}"
         if counted is None:
             extra = " (counted: unknown)"

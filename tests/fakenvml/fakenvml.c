@@ -51,101 +51,17 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef int nvmlReturn_t;
-enum {
-    NVML_SUCCESS = 0,
-    NVML_ERROR_UNINITIALIZED = 1,
-    NVML_ERROR_INVALID_ARGUMENT = 2,
-    NVML_ERROR_NOT_SUPPORTED = 3,
-    NVML_ERROR_NO_PERMISSION = 4,
-    NVML_ERROR_NOT_FOUND = 6,
-    NVML_ERROR_INSUFFICIENT_SIZE = 7,
-    NVML_ERROR_DRIVER_NOT_LOADED = 9,
-    NVML_ERROR_GPU_IS_LOST = 15,
-    NVML_ERROR_RESET_REQUIRED = 16,
-    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
-    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
-    NVML_ERROR_UNKNOWN = 999,
-};
+#include "fakenvml.h"
 
-#define MAX_GPUS 64
-#define MAX_HOLDERS 64
-#define MAX_PROCS 4096
-#define MAX_LINKS 36
-#define MAX_MIG 8
-#define MIB (1024ULL * 1024ULL)
-#define NVML_MEMORY_V2 0x02000028u
-#define NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL
-#define NO_INSTANCE 0xFFFFFFFFu
-
-typedef struct fake_gpu fake_gpu;
-
-typedef struct {
-    fake_gpu *parent;
-    unsigned gi, ci;
-    unsigned long long total_mib;
-    char uuid[112];
-} fake_mig;
-
-struct fake_gpu {
-    char name[96], uuid[96], bus[32], vbios[32];
-    unsigned long long total_mib, reserved_mib, used_mib;
-    unsigned temp, power_mw, minor, recovery, persistence;
-    unsigned long long ecc_volatile, ecc_corrected, clocks_event, clocks_supported;
-    int retired_pending, remap_pending, remap_failure;
-    unsigned pcie[5];
-    int nlinks, links[MAX_LINKS];
-    int mig, nmig;
-    fake_mig migs[MAX_MIG];
-    nvmlReturn_t error;
-    char error_on[256], unsupported[256];
-    unsigned index;
-};
-
-typedef struct {
-    char comm[64], cmdline[256];
-    unsigned long long mib;
-    int gpus[MAX_GPUS], ngpus;
-    int graphics, both, mem_na, hidden, gi, ci;
-} fake_holder;
-
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-    unsigned int gpuInstanceId;
-    unsigned int computeInstanceId;
-} nvmlProcessInfo_t;
-
-typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
-typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
-
-typedef struct {
-    char busIdLegacy[16];
-    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
-    char busId[32];
-} nvmlPciInfo_t;
-
-typedef union { double dVal; unsigned uiVal; unsigned long ulVal; unsigned long long ullVal;
-                long long sllVal; int siVal; unsigned short usVal; } nvmlValue_t;
-typedef struct {
-    uint32_t fieldId, scopeId;
-    int64_t timestamp, latencyUsec;
-    unsigned valueType;
-    nvmlReturn_t nvmlReturn;
-    nvmlValue_t value;
-} nvmlFieldValue_t;
-
-typedef void *nvmlDevice_t;
-
-static fake_gpu gpus[MAX_GPUS];
-static unsigned ngpus;
-static fake_holder holders[MAX_HOLDERS];
-static unsigned nholders;
+fake_gpu gpus[MAX_GPUS];
+unsigned ngpus;
+fake_holder holders[MAX_HOLDERS];
+unsigned nholders;
 static char driver_version[80] = "590.48.01";
 static int cuda_version = 13010;
 static nvmlReturn_t init_error;
 static unsigned hang_init_s; /* `driver hang_init_s=N`: nvmlInit blocks N seconds */
-static int initialised;
+int initialised;
 
 /* --- config ------------------------------------------------------------------ */
 
@@ -173,7 +89,7 @@ static int next_token(char **p, char *key, size_t klen, char *val, size_t vlen) 
     return 1;
 }
 
-static int has_word(const char *list, const char *word) {
+int has_word(const char *list, const char *word) {
     size_t n = strlen(word);
     for (const char *s = list; (s = strstr(s, word)); s += n)
         if ((s == list || s[-1] == ',') && (s[n] == 0 || s[n] == ',')) return 1;
@@ -321,28 +237,27 @@ static int load_config(void) {
 
 /* --- handles and injected errors ---------------------------------------------------- */
 
-static fake_gpu *as_gpu(nvmlDevice_t dev) {
+fake_gpu *as_gpu(nvmlDevice_t dev) {
     fake_gpu *g = (fake_gpu *)dev;
     return (g >= gpus && g < gpus + ngpus) ? g : NULL;
 }
 
-static fake_mig *as_mig(nvmlDevice_t dev) {
+fake_mig *as_mig(nvmlDevice_t dev) {
     for (unsigned i = 0; i < ngpus; i++)
         if ((fake_mig *)dev >= gpus[i].migs && (fake_mig *)dev < gpus[i].migs + gpus[i].nmig) return (fake_mig *)dev;
     return NULL;
 }
 
 /* The error a call on this GPU returns: not initialised, a bad handle, or the injected one. */
-static nvmlReturn_t check(fake_gpu *g, const char *call) {
+nvmlReturn_t check(fake_gpu *g, const char *call) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!g) return NVML_ERROR_INVALID_ARGUMENT;
     if (g->error && (has_word(g->error_on, "all") || has_word(g->error_on, call))) return g->error;
     return NVML_SUCCESS;
 }
 
-static int unsupported(const fake_gpu *g, const char *what) { return has_word(g->unsupported, what); }
+int unsupported(const fake_gpu *g, const char *what) { return has_word(g->unsupported, what); }
 
-#define CHECK(g, call) do { nvmlReturn_t r_ = check((g), (call)); if (r_) return r_; } while (0)
 
 /* --- live processes ------------------------------------------------------------ */
 
@@ -502,7 +417,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     return NVML_SUCCESS;
 }
 
-static nvmlReturn_t copy_str(const char *src, char *dst, unsigned int length) {
+nvmlReturn_t copy_str(const char *src, char *dst, unsigned int length) {
     if (!dst || length <= strlen(src)) return NVML_ERROR_INSUFFICIENT_SIZE;
     strcpy(dst, src);
     return NVML_SUCCESS;
@@ -655,138 +570,5 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t dev, unsigned *corr, unsigne
     *unc = 0;
     *pending = (unsigned)g->remap_pending;
     *failure = (unsigned)g->remap_failure;
-    return NVML_SUCCESS;
-}
-
-/* Field values: 230 recovery action, 91 NVLink link count, 1 ECC mode; others NOT_SUPPORTED per field. */
-nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t *values) {
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "fields");
-    if (!values || count < 0) return NVML_ERROR_INVALID_ARGUMENT;
-    for (int i = 0; i < count; i++) {
-        nvmlFieldValue_t *v = &values[i];
-        v->timestamp = 0;
-        v->latencyUsec = 0;
-        v->valueType = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT */
-        v->nvmlReturn = NVML_SUCCESS;
-        v->value.ullVal = 0;
-        if (v->fieldId == 230 && !unsupported(g, "recovery")) v->value.uiVal = g->recovery;
-        else if (v->fieldId == 91 && g->nlinks >= 0) v->value.uiVal = (unsigned)g->nlinks;
-        else if (v->fieldId == 1 && !unsupported(g, "ecc")) v->value.uiVal = 1;
-        else v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
-    }
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long *reasons) {
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "clocks");
-    if (unsupported(g, "clocks")) return NVML_ERROR_NOT_SUPPORTED;
-    *reasons = g->clocks_event;
-    return NVML_SUCCESS;
-}
-nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *reasons) {
-    return nvmlDeviceGetCurrentClocksEventReasons(dev, reasons);
-}
-
-nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t dev, unsigned long long *reasons) {
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "clocks");
-    if (unsupported(g, "clocks")) return NVML_ERROR_NOT_SUPPORTED;
-    *reasons = g->clocks_supported;
-    return NVML_SUCCESS;
-}
-
-static nvmlReturn_t pcie(nvmlDevice_t dev, int which, unsigned *out) {
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "pcie");
-    if (unsupported(g, "pcie")) return NVML_ERROR_NOT_SUPPORTED;
-    *out = g->pcie[which];
-    return NVML_SUCCESS;
-}
-nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t dev, unsigned *gen) { return pcie(dev, 0, gen); }
-nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned *gen) { return pcie(dev, 1, gen); }
-nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned *gen) { return pcie(dev, 2, gen); }
-nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t dev, unsigned *width) { return pcie(dev, 3, width); }
-nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t dev, unsigned *width) { return pcie(dev, 4, width); }
-
-nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned link, unsigned *active) {
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "nvlink");
-    if (g->nlinks < 0) return NVML_ERROR_NOT_SUPPORTED;
-    if (link >= (unsigned)g->nlinks) return NVML_ERROR_INVALID_ARGUMENT;
-    *active = (unsigned)g->links[link];
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t dev, char *version, unsigned length) {
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "vbios");
-    if (unsupported(g, "vbios")) return NVML_ERROR_NOT_SUPPORTED;
-    return copy_str(g->vbios, version, length);
-}
-
-nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t dev, unsigned *mode) {
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "persistence");
-    if (unsupported(g, "persistence")) return NVML_ERROR_NOT_SUPPORTED;
-    *mode = g->persistence;
-    return NVML_SUCCESS;
-}
-
-/* --- MIG ------------------------------------------------------------------------------ */
-
-nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned *current, unsigned *pending) {
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "mig");
-    if (unsupported(g, "mig")) return NVML_ERROR_NOT_SUPPORTED;
-    *current = *pending = (unsigned)(g->mig != 0);
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned *count) {
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "mig");
-    if (unsupported(g, "mig")) return NVML_ERROR_NOT_SUPPORTED;
-    *count = g->mig ? 7 : 0;
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned index, nvmlDevice_t *mig) {
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "mig");
-    if (!g->mig) return NVML_ERROR_INVALID_ARGUMENT;
-    if (index >= (unsigned)g->nmig) return NVML_ERROR_NOT_FOUND;
-    *mig = &g->migs[index];
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned *is_mig) {
-    if (!initialised) return NVML_ERROR_UNINITIALIZED;
-    *is_mig = as_mig(dev) != NULL;
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t dev, unsigned *id) {
-    fake_mig *m = as_mig(dev);
-    if (!initialised) return NVML_ERROR_UNINITIALIZED;
-    if (!m) return NVML_ERROR_INVALID_ARGUMENT; /* not a MIG device handle */
-    *id = m->gi;
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t dev, unsigned *id) {
-    fake_mig *m = as_mig(dev);
-    if (!initialised) return NVML_ERROR_UNINITIALIZED;
-    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
-    *id = m->ci;
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t dev, nvmlDevice_t *parent) {
-    fake_mig *m = as_mig(dev);
-    if (!initialised) return NVML_ERROR_UNINITIALIZED;
-    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
-    *parent = m->parent;
     return NVML_SUCCESS;
 }
