@@ -306,7 +306,9 @@ def holder_unit(tag: str, name: str) -> str:
 
 
 def ns_cli(nsd, tmp: Path, lib: Path, config: Path, *args: str):
-    env = {**cli_env(tmp), **gs.nvml_env(lib, config)}
+    klog = tmp / "empty-kern.log"  # the test's kernel log, not this machine's dmesg
+    klog.touch()
+    env = {**cli_env(tmp), **gs.nvml_env(lib, config), "RECONCILE_KERNEL_LOG": str(klog)}
     return nsd.run(reconcile_argv(*args), env=env, timeout=120)
 
 

@@ -167,7 +167,7 @@ def parse_smi_gpus(csv: str, minors: Mapping[str, int] | None = None) -> tuple[l
             pcie_gen_gpu_max=get("pcie.link.gen.gpumax").int(), pcie_width=get("pcie.link.width.current").int(),
             pcie_width_max=get("pcie.link.width.max").int(),
             clock_events=_bits(get("clocks_event_reasons.active")),
-            minor=minors.get(pci_key(bus)), lost=lost, read_errors=tuple(errors),
+            minor=minors.get(pci_key(bus)), lost=lost, read_errors=tuple(errors), processes_listed=lost is None,
         ))
     # A GPU nvidia-smi could not reach takes the place its row would have had (index order).
     taken = {g.index for g in gpus}
