@@ -77,7 +77,8 @@ class Scenario:
             return
         libdir = self.work / "nvml"
         libdir.mkdir()
-        subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-o", str(libdir / "libnvidia-ml.so.1"), str(src)],
+        srcs = [str(p) for p in sorted(src.parent.glob("fakenvml*.c"))]  # fakenvml.c and fakenvml_more.c
+        subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-o", str(libdir / "libnvidia-ml.so.1"), *srcs],
                        check=True, capture_output=True)
         subprocess.run([gcc, "-O2", "-o", str(self.work / "nvsmi"), str(HERE / "nvsmi.c"), "-ldl"],
                        check=True, capture_output=True)

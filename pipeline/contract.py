@@ -224,3 +224,10 @@ class Reconciler:
     def summary(self, resource: Resource, observed: Any) -> str:
         """One line for the report describing the observed state (optional)."""
         return ""
+
+    def settles(self, drift: Sequence[Drift]) -> bool:
+        """Whether waiting may still clear this drift, so verification keeps polling up to the
+        resource's `settle`: by default, when some of it is volatile (it moves by itself)."""
+        import fnmatch
+
+        return any(fnmatch.fnmatchcase(d.field, p) for d in drift for p in self.volatile_drift)

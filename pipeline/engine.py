@@ -67,7 +67,11 @@ def judge(drift: Sequence[Drift], plan: Plan) -> Status:
 
 
 def _plan_message(plan: Plan) -> str:
-    return "; ".join(m for m in (plan.blocked, plan.converging, plan.message) if m)
+    out = ""
+    for m in (plan.blocked, plan.converging, plan.message):
+        if m:  # a part that starts on a line of its own needs no separator
+            out = m if not out else out + ("" if m.startswith("\n") else "; ") + m
+    return out
 
 
 def observe_group(rec: Reconciler, host: Host, group: list[Resource]) -> dict[str, Any]:
@@ -388,14 +392,15 @@ class Engine:
         return report, changed
 
     def _verify(self, r: Resource) -> Any:
-        """Observe again; poll up to the resource's settle time for the drift to clear."""
+        """Observe again; poll up to the resource's settle time for drift that may still clear."""
         deadline = time.monotonic() + r.settle
         while True:
             obs = self.observe([r])[r.id]
             if isinstance(obs, ObserveError):
                 return obs
             drift, _ = self._assess(r, obs)
-            if not drift or time.monotonic() >= deadline:
+            # Drift that waiting cannot clear (a broken GPU next to freed ones) ends the wait at once.
+            if not drift or not self.reconciler(r).settles(drift) or time.monotonic() >= deadline:
                 return obs
             time.sleep(min(SETTLE_POLL, max(0.0, deadline - time.monotonic())))
 

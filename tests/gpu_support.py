@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FAKE_SRC = HERE / "fakenvml" / "fakenvml.c"
+FAKE_SRC = (HERE / "fakenvml" / "fakenvml.c", HERE / "fakenvml" / "fakenvml_more.c")
 HOLDER = HERE / "fakenvml" / "holder.py"
 DATA = HERE / "data" / "gpus"
 SEED_TOTAL_MIB = 97887  # RTX PRO 6000 Blackwell, as nvidia-smi showed it on the seed host
@@ -33,7 +33,7 @@ def build_fake_nvml(outdir: Path, old_driver: bool = False) -> Path:
         raise FileNotFoundError("gcc not found")
     outdir.mkdir(parents=True, exist_ok=True)
     cmd = [gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Wno-format-truncation", "-o",
-           str(outdir / "libnvidia-ml.so.1"), str(FAKE_SRC)]
+           str(outdir / "libnvidia-ml.so.1"), *map(str, FAKE_SRC)]
     if old_driver:
         cmd.insert(1, "-DFAKE_OLD_DRIVER")
     subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -42,6 +42,8 @@ def build_fake_nvml(outdir: Path, old_driver: bool = False) -> Path:
 
 @dataclass
 class FakeGpu:
+    """One GPU of the fake (tests/fakenvml/fakenvml.c documents every key)."""
+
     name: str = SEED_GPU_NAME
     total_mib: int = SEED_TOTAL_MIB
     used_mib: int = 0
@@ -49,10 +51,23 @@ class FakeGpu:
     temp: int = 28
     power_mw: int = 84000
     ecc_volatile: int = 0
+    ecc_corrected: int = 0
     retired_pending: int = 0
     remap_pending: int = 0
     remap_failure: int = 0
     unsupported: tuple[str, ...] = ()
+    minor: int | None = None  # default: the index
+    recovery: int = 0  # NVML_GPU_RECOVERY_ACTION_*
+    vbios: str = "98.02.2E.00.01"
+    persistence: int = 1
+    clocks_event: int = 0x1  # GpuIdle
+    pcie: tuple[int, int, int, int, int] = (5, 5, 5, 16, 16)  # gen, max gen, GPU max gen, width, max width
+    nvlink: tuple[int, ...] | None = None  # one active flag per link; None: no NVLink
+    mig: bool = False
+    mig_instances: tuple[tuple[int, int, int], ...] = ()  # (gpu instance, compute instance, MiB)
+    error: str = ""  # lost, reset_required, unknown, no_permission
+    error_on: tuple[str, ...] = ()  # call names, "all" (the default with an error) or "handle"
+    bus: str | None = None  # default 00000000:<11 + 16 i>:00.0
 
 
 @dataclass
@@ -63,6 +78,9 @@ class FakeHolder:
     cmdline: str = ""  # a substring of the command line, e.g. a holder's tag
     hidden: bool = False
     graphics: bool = False
+    both: bool = False  # listed as compute and as graphics ("C+G")
+    mem_na: bool = False  # usedGpuMemory NVML_VALUE_NOT_AVAILABLE
+    gi: int | None = None  # MIG GPU instance
 
 
 @dataclass
@@ -70,23 +88,45 @@ class FakeConfig:
     gpus: list[FakeGpu] = field(default_factory=list)
     holders: list[FakeHolder] = field(default_factory=list)
     driver: str = "590.48.01"
+    cuda: int = 13010  # CUDA_VERSION encoding: 13.1
+    init_error: str = ""  # lib_rm_mismatch, no_permission, driver_not_loaded
     hang_init_s: int = 0  # nvmlInit blocks this long, as on a wedged driver
 
     def text(self) -> str:
-        lines = [f"driver version={self.driver}" + (f" hang_init_s={self.hang_init_s}" if self.hang_init_s else "")]
+        head = f"driver version={self.driver} cuda={self.cuda}"
+        if self.init_error:
+            head += f" init_error={self.init_error}"
+        if self.hang_init_s:
+            head += f" hang_init_s={self.hang_init_s}"
+        lines = [head]
         for i, g in enumerate(self.gpus):
             parts = [f'name="{g.name}"', f"uuid=GPU-{uuid.UUID(int=i + 1)}",
-                     f"bus=00000000:{0x11 + i * 0x10:02X}:00.0", f"total_mib={g.total_mib}",
+                     f"bus={g.bus or bus_of(i)}", f"total_mib={g.total_mib}",
                      f"used_mib={g.used_mib}", f"reserved_mib={g.reserved_mib}", f"temp={g.temp}",
-                     f"power_mw={g.power_mw}", f"ecc_volatile={g.ecc_volatile}",
+                     f"power_mw={g.power_mw}", f"ecc_volatile={g.ecc_volatile}", f"ecc_corrected={g.ecc_corrected}",
                      f"retired_pending={g.retired_pending}", f"remap_pending={g.remap_pending}",
-                     f"remap_failure={g.remap_failure}"]
+                     f"remap_failure={g.remap_failure}", f"recovery={g.recovery}", f"vbios={g.vbios}",
+                     f"persistence={g.persistence}", f"clocks_event={g.clocks_event:#x}",
+                     "pcie=" + ",".join(map(str, g.pcie)), f"mig={int(g.mig)}"]
+            if g.minor is not None:
+                parts.append(f"minor={g.minor}")
+            if g.nvlink is not None:
+                parts.append("nvlink=" + ",".join(map(str, g.nvlink)))
+            if g.mig_instances:
+                parts.append("mig_instances=" + ",".join(f"{a}:{b}:{c}" for a, b, c in g.mig_instances))
+            if g.error:
+                parts.append(f"error={g.error}")
+            if g.error_on:
+                parts.append("error_on=" + ",".join(g.error_on))
             if g.unsupported:
                 parts.append("unsupported=" + ",".join(g.unsupported))
             lines.append("gpu " + " ".join(parts))
         for h in self.holders:
             parts = [f"mib={h.mib}", "gpus=" + ",".join(str(g) for g in h.gpus),
-                     f"hidden={int(h.hidden)}", f"graphics={int(h.graphics)}"]
+                     f"hidden={int(h.hidden)}", f"graphics={int(h.graphics)}", f"both={int(h.both)}",
+                     f"mem_na={int(h.mem_na)}"]
+            if h.gi is not None:
+                parts.append(f"gi={h.gi}")
             if h.comm:
                 parts.append(f"comm={h.comm}")
             if h.cmdline:
@@ -97,6 +137,16 @@ class FakeConfig:
     def write(self, path: Path) -> Path:
         path.write_text(self.text())
         return path
+
+
+def bus_of(i: int) -> str:
+    """The fake's default PCI bus id of GPU i (00000000:11:00.0, 00000000:21:00.0, ...)."""
+    return f"00000000:{0x11 + i * 0x10:02X}:00.0"
+
+
+def pci_of(i: int) -> str:
+    """GPU i's address as the driver prints it in Xid lines (0000:11:00)."""
+    return f"0000:{0x11 + i * 0x10:02x}:00"
 
 
 def seed_gpus(n: int = 8, **kw) -> list[FakeGpu]:
@@ -158,9 +208,13 @@ PYNVML_PROBE = textwrap.dedent("""
     pynvml.nvmlInit()
     out = []
     for i in range(pynvml.nvmlDeviceGetCount()):
-        h = pynvml.nvmlDeviceGetHandleByIndex(i)
-        m = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
-        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            m = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+            procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+        except pynvml.NVMLError as exc:  # a lost GPU: what pynvml says instead of a reading
+            out.append({"used_mib": None, "total_mib": None, "pids": None, "error": str(exc)})
+            continue
         out.append({"used_mib": m.used // 2**20, "total_mib": m.total // 2**20,
                     "pids": sorted(p.pid for p in procs)})
     pynvml.nvmlShutdown()
@@ -169,7 +223,8 @@ PYNVML_PROBE = textwrap.dedent("""
 
 
 def pynvml_probe_argv() -> list[str]:
-    """A python command that prints each GPU's used/total MiB and PIDs as pynvml sees them."""
+    """A python command that prints each GPU's used/total MiB and PIDs as pynvml sees them (or the
+    error pynvml raises for it)."""
     return [sys.executable, "-c", PYNVML_PROBE]
 
 
@@ -177,27 +232,39 @@ def parse_probe(stdout: str) -> list[dict]:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def fake_nvidia_smi(bindir: Path, gpu_csv: Path, apps_csv: Path, remap_csv: Path | None = None) -> Path:
-    """A stand-in `nvidia-smi` that prints recorded CSV for the queries reconcile makes."""
-    bindir.mkdir(parents=True, exist_ok=True)
-    script = bindir / "nvidia-smi"
-    remap = (f'cat "{remap_csv}"' if remap_csv
-             else 'echo "Field \\"remapped_rows.pending\\" is not a valid field to query." >&2; exit 2')
-    script.write_text(textwrap.dedent(f"""\
-        #!/bin/sh
-        case "$*" in
-          *--query-gpu=index,*) cat "{gpu_csv}" ;;
-          *--query-gpu=uuid,remapped_rows*) {remap} ;;
-          *--query-compute-apps=*) cat "{apps_csv}" ;;
-          *) echo "fake nvidia-smi: unexpected arguments: $*" >&2; exit 2 ;;
-        esac
-        """))
-    script.chmod(0o755)
-    return script
-
-
 def path_without(names: Iterable[str]) -> str:
     """$PATH minus the directories that hold any of NAMES (e.g. a real nvidia-smi)."""
     dirs = [d for d in os.environ.get("PATH", "").split(os.pathsep)
             if d and not any(os.path.exists(os.path.join(d, n)) for n in names)]
     return os.pathsep.join(dirs)
+
+
+# --- running the CLI against the fake ---------------------------------------------------------------
+
+def write_state(tmp: Path, body: str) -> Path:
+    path = tmp / "state.yaml"
+    path.write_text("version: 1\n" + textwrap.dedent(body))
+    return path
+
+
+def gpus_report(proc) -> dict:
+    from cli_support import report_of
+
+    assert "Traceback" not in proc.stderr, proc.stderr
+    report = report_of(proc)
+    return next(r for r in report["resources"] if r["id"] == "gpus")
+
+
+def cli(tmp: Path, lib: Path | None, config: Path | None, *args: str, **env: str):
+    """The CLI on this host with the fake NVML (or none) in its environment. The kernel log is an
+    empty file unless the test gives one: what this machine's dmesg holds is not the test's input."""
+    from cli_support import run_cli
+
+    extra = nvml_env(lib, config)
+    if lib is None:
+        extra["LD_LIBRARY_PATH"] = ""
+    if "RECONCILE_KERNEL_LOG" not in env:
+        klog = tmp / "empty-kern.log"
+        klog.touch()
+        env["RECONCILE_KERNEL_LOG"] = str(klog)
+    return run_cli(tmp, *args, **extra, **env)

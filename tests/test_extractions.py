@@ -527,9 +527,11 @@ def test_long_first_check_making_progress_is_not_cut_short(tmp_path):
     machine gets there sooner, which only makes the test stronger), and every round must end
     ok with every file checked."""
     out = tmp_path / "hs"
-    timeout = 0.5
+    # Well above the heartbeats' pace (20 a second at most), so that a busy machine that keeps
+    # the child off a CPU for a moment does not read as "no progress".
+    timeout = 1.0
     n, written = 30_000, 0
-    for _ in range(6):  # up to 960,000 files: far more than any machine checks in 1.5 s
+    for _ in range(6):  # up to 960,000 files: far more than any machine checks in 3 s
         write_samples(out, range(written, n), group=1000)
         written = n
         state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": n, "verify": "all",

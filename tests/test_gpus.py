@@ -15,7 +15,7 @@ from pathlib import Path
 
 import gpu_support as gs
 import pytest
-from cli_support import cli_env, reconcile_argv, report_of, run_cli
+from cli_support import cli_env, reconcile_argv, report_of
 
 VLLM_UNIT = "vllm-kimi-k25-int4.service"
 EXTRACT_UNIT = "eagle3-extract.service"
@@ -37,24 +37,7 @@ def holders():
     h.cleanup()
 
 
-def write_state(tmp: Path, body: str) -> Path:
-    path = tmp / "state.yaml"
-    path.write_text("version: 1\n" + textwrap.dedent(body))
-    return path
-
-
-def gpus_report(proc) -> dict:
-    assert "Traceback" not in proc.stderr, proc.stderr
-    report = report_of(proc)
-    return next(r for r in report["resources"] if r["id"] == "gpus")
-
-
-def cli(tmp: Path, lib: Path | None, config: Path | None, *args: str, **env: str):
-    """The CLI on this host with the fake NVML (or none) in its environment."""
-    extra = gs.nvml_env(lib, config)
-    if lib is None:
-        extra["LD_LIBRARY_PATH"] = ""
-    return run_cli(tmp, *args, **extra, **env)
+write_state, gpus_report, cli = gs.write_state, gs.gpus_report, gs.cli
 
 
 def apply_json(tmp: Path, lib: Path, config: Path, state: Path, **env: str):
@@ -191,10 +174,10 @@ def test_device_file_holder_hidden_from_nvml_is_found(tmp_path, fake_lib, holder
 
 # --- health and count ----------------------------------------------------------------------------
 
-def test_unhealthy_gpu_blocked_and_unsupported_queries_unknown(tmp_path, fake_lib):
+def test_unhealthy_gpu_blocked_and_unsupported_queries_not_signals(tmp_path, fake_lib):
     gpus = gs.seed_gpus(3)
     gpus[1].ecc_volatile = 2
-    gpus[2].unsupported = ("ecc", "retired", "remap", "temp", "power")
+    gpus[2].unsupported = ("ecc", "retired", "remap", "temp", "power")  # a GeForce board has none of these
     config = gs.FakeConfig(gpus=gpus).write(tmp_path / "nvml.conf")
     klog = tmp_path / "kern.log"
     klog.write_text("[  12.1] NVRM: Xid (PCI:0000:21:00): 48, pid=1234, name=python, An uncorrectable double bit "
@@ -206,12 +189,19 @@ def test_unhealthy_gpu_blocked_and_unsupported_queries_unknown(tmp_path, fake_li
     report = gpus_report(proc)
     assert report["status"] == "blocked"
     assert report["drift"] == [{"field": "gpu1.healthy", "want": True, "have": False}]
-    assert "GPU 1 (00000000:21:00.0) is unhealthy: 2 volatile uncorrected ECC errors" in report["message"]
-    assert "Xid 48 on PCI:0000:21:00" in report["message"] and "Xid 13" not in report["message"]
+    assert "GPU 1 (00000000:21:00.0) must not run jobs: reset the GPU" in report["message"]
+    assert "2 volatile uncorrected ECC errors" in report["message"]
+    assert "Xid 48 at [  12.1]: An uncorrectable double bit error" in report["message"]
+    # Xid 13 is the application's (RESTART_APP): listed, not a reason to keep jobs off GPU 0.
+    assert "Xid 13 at [  13.0]: Graphics Exception [Xid 13: RESTART_APP: restart the application]" in report["message"]
     observed = report["observed"]["gpus"]
-    assert observed[2]["health"] == "unknown" and observed[2]["ecc_uncorrected_volatile"] is None
-    assert observed[2]["temperature_c"] is None and observed[0]["power_w"] == 84.0
+    assert [g["health"] for g in observed] == ["healthy", "unhealthy", "healthy"]
+    assert observed[2]["ecc_uncorrected_volatile"] is None and observed[2]["temperature_c"] is None
+    assert observed[0]["power_w"] == 84.0
     assert report["actions"] == []
+    # The text report says it without -v.
+    text = cli(tmp_path, fake_lib, config, "diff", str(state), RECONCILE_KERNEL_LOG=str(klog))
+    assert text.returncode == 2 and "GPU 1 (00000000:21:00.0) must not run jobs: reset the GPU" in text.stdout
 
 
 def test_count_mismatch_blocked(tmp_path, fake_lib):
@@ -272,19 +262,21 @@ def test_wedged_driver_reported_within_observe_timeout_others_still_observed(tmp
 # --- without NVML ----------------------------------------------------------------------------------
 
 def test_nvidia_smi_fallback(tmp_path):
-    bindir = tmp_path / "bin"
-    gs.fake_nvidia_smi(bindir, gs.DATA / "query-gpu-idle.csv", gs.DATA / "query-compute-apps-empty.csv",
-                       gs.DATA / "query-remapped-rows.csv")
-    state = write_state(tmp_path, "gpus:\n  count: 8\n  max_memory_used: 0MiB\n  healthy: true\n")
-    path = f"{bindir}{os.pathsep}{gs.path_without(['nvidia-smi'])}"
-    proc = cli(tmp_path, None, None, "diff", str(state), "--format", "json", PATH=path)
+    """No libnvidia-ml: the stand-in nvidia-smi answers from a real 8x RTX 4090 capture
+    (tests/test_gpus_corpus.py replays the whole corpus)."""
+    import smi_capture as sc
+
+    cap = sc.load(sc.REAL / "gpud__8x-rtx-4090__535.154.05__3.q.txt")
+    env = sc.install(cap, tmp_path)
+    state = write_state(tmp_path, "gpus:\n  count: 8\n  healthy: true\n")
+    proc = cli(tmp_path, None, None, "diff", str(state), "--format", "json", **env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = gpus_report(proc)
-    assert report["status"] == "ok"
-    assert report["observed"]["source"] == "nvidia-smi"
-    assert report["summary"].count("0MiB / 97887MiB") == 8
-    text = cli(tmp_path, None, None, "diff", "-v", str(state), PATH=path)
-    assert "GPU7 0MiB / 97887MiB" in text.stdout
+    assert report["status"] == "ok" and report["observed"]["source"] == "nvidia-smi"
+    assert report["summary"].count(" / 24564MiB") == 8
+    text = cli(tmp_path, None, None, "diff", "-v", str(state), **env)
+    last = cap.gpus[7]
+    assert f"GPU7 {last['memory.used'].replace(' ', '')} / {last['memory.total'].replace(' ', '')}" in text.stdout
 
 
 def test_neither_nvml_nor_nvidia_smi_is_a_clear_error(tmp_path):
@@ -314,7 +306,9 @@ def holder_unit(tag: str, name: str) -> str:
 
 
 def ns_cli(nsd, tmp: Path, lib: Path, config: Path, *args: str):
-    env = {**cli_env(tmp), **gs.nvml_env(lib, config)}
+    klog = tmp / "empty-kern.log"  # the test's kernel log, not this machine's dmesg
+    klog.touch()
+    env = {**cli_env(tmp), **gs.nvml_env(lib, config), "RECONCILE_KERNEL_LOG": str(klog)}
     return nsd.run(reconcile_argv(*args), env=env, timeout=120)
 
 

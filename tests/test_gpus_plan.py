@@ -1,20 +1,20 @@
-"""The gpus kind without a host: observed fixtures in, drift and plan out; parsers of the
-kernel log, /proc/PID/cgroup and recorded nvidia-smi CSV."""
+"""The gpus kind without a host: observed fixtures in, drift and plan out: memory and holders,
+the health verdict, the declared checks; the /proc/PID/cgroup parser. (The kernel log and the
+Xid catalogue: test_gpus_xid.py; real nvidia-smi captures: test_gpus_corpus.py.)"""
 
 from __future__ import annotations
 
 import os
 
-import gpu_support as gs
 import pytest
 from reconcile_host.pipeline.contract import Context, Resource
 from reconcile_host.pipeline.engine import judge
 from reconcile_host.pipeline.statefile import StateFileError, validate_text
-from reconcile_host.reconcilers.gpus import GpusReconciler
-from reconcile_host.reconcilers.gpus.observed import MIB, Gpu, GpusObserved, GpuUse, Holder, health_of
+from reconcile_host.reconcilers.gpus import GpusReconciler, health
+from reconcile_host.reconcilers.gpus.checks import version_satisfies
+from reconcile_host.reconcilers.gpus.observed import MIB, Gpu, GpusObserved, GpuUse, Holder, KernelLog
 from reconcile_host.reconcilers.gpus.procfs import unit_of_cgroup
-from reconcile_host.reconcilers.gpus.smi import parse_smi_apps, parse_smi_gpus
-from reconcile_host.reconcilers.gpus.xid import parse_xids
+from reconcile_host.reconcilers.gpus.xid import parse_kernel_log
 
 REC = GpusReconciler()
 VLLM = "vllm-kimi-k25-int4.service"
@@ -36,7 +36,7 @@ def holder(pid, name, mib, on, unit=None, visible=True) -> Holder:
 
 
 def observed(gpu_list, holders=(), xids=()) -> GpusObserved:
-    return GpusObserved("nvml", "590.48.01", tuple(gpu_list), tuple(holders), tuple(xids))
+    return GpusObserved("nvml", "590.48.01", tuple(gpu_list), tuple(holders), tuple(xids), cuda_version="13.1")
 
 
 def assess(res, obs, declared=()):
@@ -153,30 +153,102 @@ def test_device_file_holder_suspect_only_when_memory_is_unexplained():
 
 def test_count_and_health_block():
     bad = list(gpus(7))
-    bad[3] = Gpu(3, "x", "GPU-3", "00000000:04:00.0", 1, 0, health="unhealthy",
-                 problems=("row remapping failed",))
-    drift, plan, status = assess(resource(**SEED_SPEC), observed(bad, xids=["Xid 64 on PCI:0000:04:00"]))
+    bad[3] = health.judge(Gpu(3, "x", "GPU-3", "00000000:04:00.0", 1, 0, remapped_rows_failure=True), (), None)
+    events, _ = parse_kernel_log("[ 9.0] NVRM: Xid (PCI:0000:04:00): 64, pid=7, Row remapper failure\n")
+    drift, plan, status = assess(resource(**SEED_SPEC), observed(bad, xids=events))
     assert {d.field for d in drift} == {"count", "gpu3.healthy"}
     assert status.value == "blocked"
     assert "expected 8 GPUs, found 7" in plan.blocked
-    assert "GPU 3 (00000000:04:00.0) is unhealthy: row remapping failed" in plan.blocked
-    assert "kernel log: Xid 64 on PCI:0000:04:00" in plan.message
+    assert "GPU 3 (00000000:04:00.0) must not run jobs: reset the GPU; if the remap fails again" in plan.blocked
+    assert "kernel log: 0000:04:00: Xid 64 at [ 9.0]: Row remapper failure [Xid 64: RESET_GPU" in plan.message
     # healthy: false switches the check off.
     drift, _, _ = assess(resource(**{**SEED_SPEC, "healthy": False, "count": 7}), observed(bad))
     assert drift == []
 
 
-@pytest.mark.parametrize("args, want", [
-    ((0, False, False, False), ("healthy", ())),
-    ((2, False, None, None), ("unhealthy", ("2 volatile uncorrected ECC errors",))),
-    ((0, True, None, None), ("unhealthy", ("retired pages pending (needs a reset)",))),
-    ((None, None, True, False), ("unhealthy", ("row remapping pending (needs a reset)",))),
-    ((None, None, None, None), ("unknown", ())),
-    ((0, False, None, None), ("healthy", ())),
-    ((None, None, False, False), ("healthy", ())),
+def _gpu(**kw) -> Gpu:
+    return Gpu(0, "H100", "GPU-0", "00000000:3B:00.0", 80 * 1024 * MIB, 0, **kw)
+
+
+@pytest.mark.parametrize("kw, log, want", [
+    ({}, None, ("healthy", "")),
+    ({"ecc_uncorrected_volatile": 2}, None, ("unhealthy", "reset the GPU")),
+    ({"retired_pages_pending": True}, None, ("unhealthy", "reset the GPU")),
+    ({"remapped_rows_pending": True}, None, ("unhealthy", "reset the GPU")),
+    ({"lost": "GPU is lost"}, None, ("unhealthy", "reboot the node")),
+    ({"lost": "GPU requires reset"}, None, ("unhealthy", "reset the GPU")),
+    ({"recovery_action": 2}, None, ("unhealthy", "reboot the node")),
+    ({"recovery_action": 3}, None, ("unhealthy", "drain peer-to-peer traffic from the GPU")),
+    ({"recovery_action": 4}, None, ("unhealthy", "drain the GPU's work, then reset the GPU")),
+    ({"recovery_action": -1}, None, ("unhealthy", "contact NVIDIA support")),
+    ({"recovery_action": 0}, None, ("healthy", "")),
+    # GeForce: no ECC, no retirement, no remapping at all: not signals; MIG hides remapped rows.
+    ({"ecc_uncorrected_volatile": None, "remapped_rows_pending": None, "mig": True}, None, ("healthy", "")),
+    ({"read_errors": ("memory: Unknown Error",)}, None, ("unknown", "")),
+    ({}, KernelLog("dmesg", readable=False, note="dmesg: Operation not permitted"), ("unknown", "")),
+    ({}, KernelLog("dmesg", complete=False, note="rotated"), ("unknown", "")),
+    # The strongest step wins: rebooting the node also resets the GPU.
+    ({"lost": "GPU is lost", "remapped_rows_pending": True}, None, ("unhealthy", "reboot the node")),
 ])
-def test_health_of(args, want):
-    assert health_of(*args) == want
+def test_health_verdict(kw, log, want):
+    g = health.judge(_gpu(**kw), (), log)
+    assert (g.health, g.step) == want
+    assert bool(g.problems) == (want[0] != "healthy")
+
+
+def test_health_counts_only_current_xids_and_the_79_companion_once():
+    log = ("[  5.0] NVRM: Xid (PCI:0000:3b:00): 48, DBE\n"
+           "[  6.0] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  590.48.01\n"
+           "[ 10.0] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+           "[ 10.1] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.\n")
+    events, last = parse_kernel_log(log)
+    assert "loading NVIDIA UNIX" in last
+    g = health.judge(_gpu(), events, None)
+    assert g.step == "reboot the node" and len(g.signals) == 1 and "Xid 79 at [ 10.0]" in g.signals[0].what
+    assert [e.current for e in events] == [False, True, True]
+
+
+def test_gpu_gone_from_the_driver_is_blocked_by_its_pci_address():
+    events, _ = parse_kernel_log("[ 1.0] NVRM: The NVIDIA GPU 0000:b3:00.0\n"
+                                 "        NVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+                                 "        NVRM: fallen off the bus and is not responding to commands.\n")
+    drift, plan, status = assess(resource(**SPEC), observed(gpus(2), xids=events))
+    assert [d.field for d in drift] == ["gpu@0000:b3:00.healthy"] and status.value == "blocked"
+    assert "the GPU at PCI 0000:b3:00, which the driver does not list, must not run jobs: reboot the node" \
+        in plan.blocked
+
+
+def test_memory_the_gpu_cannot_report_is_judged_from_its_processes():
+    """GB10/Grace: NVML says NOT_SUPPORTED for memory. 19 GiB held outside `allow` is drift, not ok."""
+    gb10 = (Gpu(0, "NVIDIA GB10", "GPU-0", "0000000F:01:00.0", None, None, health="healthy"),)
+    spec = {**SPEC, "free_with": {"kill": ["python*"]}}
+    drift, plan, status = assess(resource(**spec), observed(gb10, [holder(9, "python3", 19456, [0])]))
+    assert drift[0].field == "gpu0.memory_used" and drift[0].have == "19456MiB"
+    assert [a.target for a in plan.actions] == ["pid 9"] and status.value == "drift"
+    # A process that does not say how much it holds: unknown, blocked, nothing signalled.
+    drift, plan, status = assess(resource(**spec), observed(gb10, [holder(9, "python3", None, [0])]))
+    assert drift[0].have == "unknown" and plan.actions == () and status.value == "blocked"
+    assert "GPU 0 reports no memory use" in plan.blocked and "9 (python3)" in plan.blocked
+    # Nothing holds it: 0 MiB counted, ok.
+    assert assess(resource(**spec), observed(gb10))[0] == []
+
+
+def test_lost_gpu_memory_is_unknown_and_blocked():
+    lost = (health.judge(Gpu(0, "?", "?", "?", None, None, lost="GPU is lost", processes_listed=False), (), None),)
+    drift, plan, _ = assess(resource(**SPEC), observed(lost))
+    assert {d.field: d.have for d in drift} == {"gpu0.healthy": False, "gpu0.memory_used": "unknown"}
+    assert "its memory and who holds it cannot be read (GPU is lost)" in plan.blocked
+    assert not REC.settles(drift)  # waiting does not help: verification does not poll for it
+
+
+@pytest.mark.parametrize("have, spec, ok", [
+    ("590.48.01", ">=590", True), ("580.95.05", ">=590", False), ("590.48.01", ">590", False),
+    ("591.10", ">590", True), ("590.48.01", "==590", True), ("590.48.01", "==590.48.01", True),
+    ("590.48.01", ">=580, <600", True), ("610.57.04", ">=580, <600", False), ("13.1", ">=12.8", True),
+    ("12.2", ">=12.8", False), ("?", ">=590", None), (None, ">=12", None),
+])
+def test_version_constraints(have, spec, ok):
+    assert version_satisfies(have, spec) is ok
 
 
 @pytest.mark.parametrize("text, unit", [
@@ -191,29 +263,6 @@ def test_health_of(args, want):
 ])
 def test_unit_of_cgroup(text, unit):
     assert unit_of_cgroup(text) == unit
-
-
-def test_parse_xids_keeps_critical_ones_once():
-    log = ("[ 10.0] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
-           "[ 11.0] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
-           "[ 12.0] NVRM: Xid (PCI:0000:5e:00): 13, pid=1, name=python, Graphics SM Warp Exception\n"
-           "[ 13.0] NVRM: Xid (PCI:0000:5e:00): 94, pid=2, name=python, Contained: SM (0x1).\n"
-           "[ 14.0] unrelated line\n")
-    assert parse_xids(log) == ("Xid 79 on PCI:0000:3b:00: GPU has fallen off the bus.",
-                               "Xid 94 on PCI:0000:5e:00: Contained: SM (0x1).")
-
-
-def test_recorded_nvidia_smi_csv():
-    idle = parse_smi_gpus((gs.DATA / "query-gpu-idle.csv").read_text(),
-                          (gs.DATA / "query-remapped-rows.csv").read_text())
-    assert len(idle) == 8 and {g.health for g in idle} == {"healthy"}
-    assert (idle[0].memory_used, idle[0].memory_total) == (0, 97887 * MIB)
-    assert idle[0].power_w == 84.12 and idle[0].temperature_c == 28
-    busy = parse_smi_gpus((gs.DATA / "query-gpu-vllm.csv").read_text())
-    assert busy[3].ecc_uncorrected_volatile is None and busy[3].health == "unknown"  # [N/A], no remap query
-    uses = parse_smi_apps((gs.DATA / "query-compute-apps-vllm.csv").read_text(), {g.uuid: g.index for g in busy})
-    assert list(uses) == [41876] and [u.gpu for u in uses[41876]] == list(range(8))
-    assert uses[41876][0].used_bytes == 72289 * MIB
 
 
 def test_summary_lists_each_gpu():

@@ -30,6 +30,11 @@ EXTRACT = "eagle3-extract.service"
 HOLD_MIB = 72289  # ~75.8 GB per GPU, as in the seed
 TOTAL, DONE, GROUP = 120, 60, 20  # "18,400 of 37,312" scaled down: half done
 CUT = DONE - 1  # the sample being written when the VM died
+BOOT_LOG = ("[    0.000000] Linux version 6.1.0-18-amd64 (debian-kernel@lists.debian.org)\n"
+            "[    4.212001] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  590.48.01  Thu Nov 20 2025\n")
+# Every query on a GPU that fell off the bus answers GPU_IS_LOST (its handle and PCI identity are still known).
+LOST_CALLS = ("memory", "processes", "temp", "power", "ecc", "retired", "remap", "fields", "clocks", "pcie",
+              "nvlink", "vbios", "persistence", "mig", "minor")
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +69,13 @@ class Scenario:
         self.data = tmp / "data"
         self.journal = tmp / "journal.jsonl"
         self.config = tmp / "nvml.conf"
+        # This boot's kernel log, as the test wrote it (not the machine's own dmesg).
+        self.kernel_log = tmp / "kern.log"
+        self.kernel_log.write_text(BOOT_LOG)
 
     def env(self) -> dict[str, str]:
         return {**cli_env(self.tmp), "RECONCILE_STATE_DIR": str(self.tmp / "state"),
-                **gs.nvml_env(self.lib, self.config)}
+                "RECONCILE_KERNEL_LOG": str(self.kernel_log), **gs.nvml_env(self.lib, self.config)}
 
     def cli(self, *args: str) -> tuple[int, dict, str]:
         argv = reconcile_argv(*args, "--format", "json")
@@ -192,3 +200,54 @@ def test_seed_recovery_end_to_end(scenario):
     assert all(status == "ok" for status in [r["status"] for r in report["resources"]])
     # the regenerated sample is whole
     assert zipfile.ZipFile(s.cut).testzip() is None
+
+
+def test_seed_recovery_with_gpu_3_fallen_off_the_bus_after_boot(scenario):
+    """The same host, but GPU 3 logged Xid 79 after this boot and NVML now calls it lost. apply
+    still stops and disables the vLLM unit and frees the other seven GPUs; GPU 3 is blocked with the
+    step NVIDIA's Xid catalogue gives for Xid 79 (RESTART_BM: reboot the node); exit 2; the extraction
+    waits, since the GPUs it needs are not ok."""
+    s = scenario
+    gpus = gs.seed_gpus(8)
+    gpus[3].error, gpus[3].error_on = "lost", LOST_CALLS
+    tag = s.config.read_text().split("cmdline=")[1].split()[0]
+    gs.FakeConfig(gpus=gpus, holders=[gs.FakeHolder(mib=HOLD_MIB, gpus=range(8), cmdline=tag)]).write(s.config)
+    pci = gs.pci_of(3)
+    s.kernel_log.write_text(BOOT_LOG + (
+        f"[ 8321.004512] NVRM: Xid (PCI:{pci}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+        f"[ 8321.004530] NVRM: GPU {pci}.0: GPU has fallen off the bus.\n"
+        "[ 8321.004601] NVRM: A GPU crash dump has been created. If possible, please run\n"
+        "               NVRM: nvidia-bug-report.sh as root to collect this data before\n"
+        "               NVRM: the NVIDIA kernel module is unloaded.\n"))
+    before = s.gpu_memory()
+    assert before == [HOLD_MIB] * 3 + [None] + [HOLD_MIB] * 4  # pynvml itself: GPU 3 is lost
+
+    code, report, err = s.cli("apply", str(s.state))
+    assert code == 2, (report, err)
+    res = by_id(report)
+    unit = res[f"unit:{VLLM}"]
+    assert unit["status"] == "ok" and [(a["action"], a["result"]) for a in unit["actions"]] == [
+        ("disable", "done"), ("stop", "done")]
+    assert s.nsd.systemctl("is-active", VLLM).stdout.strip() == "inactive"
+    assert s.nsd.systemctl("is-enabled", VLLM).stdout.strip() == "disabled"
+    # The other seven GPUs are free, as pynvml reads them; GPU 3 still answers "GPU is lost".
+    after = s.gpu_memory()
+    assert after == [0] * 3 + [None] + [0] * 4
+    gpus_ = res["gpus"]
+    assert gpus_["status"] == "blocked"
+    assert {d["field"] for d in gpus_["drift"]} == {"gpu3.healthy", "gpu3.memory_used"}
+    bus = gs.bus_of(3)
+    assert f"GPU 3 ({bus}) must not run jobs: reboot the node" in gpus_["message"]
+    assert "Xid 79 at [ 8321.004512]" in gpus_["message"] and "Xid 79: RESTART_BM" in gpus_["message"]
+    assert gpus_["message"].count("Xid 79 at") == 2  # the reason once, and the kernel-log line; the companion folded
+    observed = gpus_["observed"]["gpus"]
+    assert [g["health"] for g in observed] == ["healthy"] * 3 + ["unhealthy"] + ["healthy"] * 4
+    # The job is not started on a host with a GPU that must not run jobs.
+    ext = res["extraction:eagle3-hidden-states"]
+    assert ext["status"] == "blocked" and "needs not ok (gpus is blocked)" in ext["message"]
+    journal = [json.loads(line) for line in s.journal.read_text().splitlines()]
+    assert [(e["resource"], e["action"]) for e in journal] == [(f"unit:{VLLM}", "disable"), (f"unit:{VLLM}", "stop")]
+    # The text report names GPU 3 and the step without -v.
+    proc = s.nsd.run(reconcile_argv("diff", str(s.state)), env=s.env(), timeout=180)
+    assert proc.returncode == 2
+    assert f"GPU 3 ({bus}) must not run jobs: reboot the node" in proc.stdout

@@ -164,7 +164,7 @@ def message_for(error: Any, doc_pos: Positions) -> tuple[Position, str]:
     if v == "enum":
         choices = ", ".join(json.dumps(c) for c in error.validator_value)
         return doc_pos.of_value(path), f"{prefix}expected one of {choices}; got {json.dumps(error.instance)}"
-    if v in ("oneOf", "anyOf") and error.context:
+    if v in ("oneOf", "anyOf") and error.context and not error.schema.get("errorMessage"):
         import jsonschema.exceptions
 
         return message_for(jsonschema.exceptions.best_match(error.context), doc_pos)

@@ -1,23 +1,26 @@
-"""GPUs: how many, how much memory is held and by whom, and whether they are healthy.
+"""GPUs: how many, how much memory is held and by whom, whether a job may run on them, and the
+checks operators run.
 
-Observed through NVML (the `pynvml` module of nvidia-ml-py), in this process: the
-gpus kind always describes the machine reconcile runs on. Without NVML it falls
-back to `nvidia-smi --query-...` CSV; with neither, the resource is an error.
+Observed through NVML (the `pynvml` module of nvidia-ml-py) in a forked child: the gpus kind
+always describes the machine reconcile runs on. Without NVML it falls back to `nvidia-smi
+--query-...` CSV; with neither, the resource is an error. The kernel log adds the driver's Xid
+messages, judged by NVIDIA's Xid catalogue (xid.py, catalogue.py, health.py).
 
-Memory is freed by stopping the systemd unit a holder belongs to, or by signalling
-a process whose name the state allows to be killed — never by a blind
-`fuser -k /dev/nvidia*`: a holder that is neither is reported and left alone.
-A unit killed from outside with Restart=always comes back; a stop through systemd
-does not, which is why units are stopped rather than their processes killed.
+Memory is freed by stopping the systemd unit a holder belongs to, or by signalling a process
+whose name the state allows to be killed — never by a blind `fuser -k /dev/nvidia*`: a holder
+that is neither is reported and left alone. A unit killed from outside with Restart=always
+comes back; a stop through systemd does not, which is why units are stopped rather than their
+processes killed. A GPU that must not run jobs is `blocked` with the step a person must take:
+reconcile never resets a GPU or reboots a node itself.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import signal
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ...pipeline.contract import (
@@ -33,11 +36,34 @@ from ...pipeline.contract import (
     run_action,
 )
 from ...pipeline.values import parse_duration, parse_size
-from .nvml import NvmlUnavailable, nvml_observe
-from .observed import MIB, Gpu, GpusObserved, GpuUse, Holder
-from .procfs import DEFAULT_DEV_GLOB, DEV_GLOB_ENV, DEV_GPU_RE, EXCLUDED_NAMES, proc_info, scan_device_holders
-from .smi import SMI_APP_FIELDS, SMI_GPU_FIELDS, SMI_REMAP_FIELDS, parse_smi_apps, parse_smi_gpus
-from .xid import KERNEL_LOG_ENV, parse_xids
+from . import health
+from .checks import CHECK_FIELDS, check_blocked, check_drift, parse_checks
+from .kernel_log import read_kernel_log
+from .memory import UNKNOWN, counted_used, memory_lines, memory_plan, mib
+from .nvml import INIT_HINTS, NvmlUnavailable, nvml_observe
+from .observed import Gpu, GpusObserved, GpuUse, Holder
+from .procfs import (
+    DEFAULT_DEV_GLOB,
+    DEFAULT_PROC_GPUS,
+    DEV_GLOB_ENV,
+    DEV_GPU_RE,
+    EXCLUDED_NAMES,
+    PROC_GPUS_ENV,
+    gpu_minors,
+    proc_info,
+    scan_device_holders,
+)
+from .smi import (
+    SMI_APP_FIELDS,
+    SMI_REQUIRED,
+    invalid_field,
+    parse_cuda_version,
+    parse_nvlink_status,
+    parse_smi_apps,
+    parse_smi_gpus,
+    query_fields,
+)
+from .xid import parse_kernel_log
 
 if TYPE_CHECKING:
     from ...machines.host import Host
@@ -50,56 +76,17 @@ DEFAULT_GRACE = 10.0
 KILL_WAIT = 5.0  # after SIGKILL: a process stuck in D-state may take a moment; longer means trouble
 STOP_TIMEOUT = 120.0
 SMI_TIMEOUT = 30.0
+# nvidia-smi's words when NVML cannot start -> the NVML error code whose hint applies.
+SMI_INIT_FAILURES = {"version mismatch": 18, "insufficient permissions": 4,
+                     "couldn't communicate with the nvidia driver": 9, "driver not loaded": 9}
 
-
-# --- plan helpers (pure) ------------------------------------------------------------------------
-
-def allowed(holder: Holder, allow: Sequence[str]) -> bool:
-    for entry in allow:
-        if entry.startswith("unit:"):
-            if holder.unit and fnmatch.fnmatchcase(holder.unit, entry[5:]):
-                return True
-        elif holder.visible and any(n and fnmatch.fnmatchcase(n, entry) for n in (holder.name, holder.exe)):
-            return True
-    return False
-
-
-def counted_used(gpu: Gpu, holders: Sequence[Holder], allow: Sequence[str]) -> int:
-    """The GPU's used memory minus what allowed holders are known to hold on it."""
-    expected = sum(u.used_bytes or 0 for h in holders if allowed(h, allow) for u in h.uses if u.gpu == gpu.index)
-    return max(0, gpu.memory_used - expected)
-
-
-def mib(n: int) -> str:
-    return f"{n // MIB}MiB"
-
-
-def _gpu_list(idx: Sequence[int]) -> str:
-    idx = sorted(set(idx))
-    if len(idx) > 2 and idx == list(range(idx[0], idx[-1] + 1)):
-        return f"GPUs {idx[0]}-{idx[-1]}"
-    return ("GPU " if len(idx) == 1 else "GPUs ") + ",".join(str(i) for i in idx)
-
-
-def _holding(h: Holder, gpus: Sequence[int]) -> str:
-    uses = [u for u in h.uses if u.gpu in gpus]
-    known = [u.used_bytes for u in uses if u.used_bytes is not None]
-    if not known:
-        files = ", ".join(h.device_files) or "a GPU device file"
-        return f"holding {files} on {_gpu_list([u.gpu for u in uses])} (memory not reported by NVML)"
-    each = {b for b in known}
-    amount = mib(known[0]) + (" each" if len(known) > 1 else "") if len(each) == 1 else f"{mib(sum(known))} in all"
-    return f"holding {amount} on {_gpu_list([u.gpu for u in uses])}"
-
-
-# --- the reconciler ------------------------------------------------------------------------------
 
 class GpusReconciler(Reconciler):
     key = "gpus"
     kind = "gpus"
     rank = 20
-    # Memory in use moves by itself: a saved plan keeps these fields' want, not their have.
-    volatile_drift = ("gpu*.memory_used",)
+    # Values that move by themselves: a saved plan keeps these fields' want, not their have.
+    volatile_drift = ("gpu*.memory_used", "gpu*.temperature", "gpu*.slowdown", "gpu*.pcie_gen", "gpu*.ecc_corrected")
 
     def resources(self, section: Mapping[str, Any]) -> list[Resource]:
         free = section.get("free_with") or {}
@@ -114,6 +101,7 @@ class GpusReconciler(Reconciler):
                 "grace": parse_duration(free.get("grace", DEFAULT_GRACE)),
             },
             "observe_timeout": parse_duration(section.get("observe_timeout", DEFAULT_OBSERVE_TIMEOUT)),
+            "checks": parse_checks(section.get("checks")),
         }
         settle = parse_duration(section.get("settle", DEFAULT_SETTLE))
         return [Resource(id="gpus", kind=self.kind, name="gpus", spec=spec,
@@ -127,51 +115,87 @@ class GpusReconciler(Reconciler):
     def observe(self, host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
         if not resources:
             return {}
-        obs = self._observe(host)
+        checks = resources[0].spec.get("checks") or {}
+        obs = self._observe(host, checks)
         return {r.id: obs for r in resources}
 
-    def _observe(self, host: Host) -> GpusObserved:
+    def _observe(self, host: Host, checks: Mapping[str, Any]) -> GpusObserved:
         notes: list[str] = []
         try:
-            driver, gpus, uses, nvml_notes = nvml_observe()
-            source = "nvml"
-            notes.extend(nvml_notes)
+            reading = nvml_observe()
+            source, driver, cuda, gpus, uses = "nvml", reading.driver, reading.cuda, reading.gpus, reading.uses
+            notes.extend(reading.notes)
         except NvmlUnavailable as nvml_error:
             source = "nvidia-smi"
-            driver, gpus, uses = self._smi_observe(host, str(nvml_error))
+            driver, cuda, gpus, uses = self._smi_observe(host, nvml_error, checks)
             notes.append(f"NVML unavailable ({nvml_error}): read through nvidia-smi")
         holders = self._holders(uses, gpus)
-        xids, xid_note = self._xids(host) if gpus else ((), "")
-        if xid_note:
-            notes.append(xid_note)
-        return GpusObserved(source, driver, tuple(gpus), tuple(holders), xids, tuple(notes))
+        events, log = (), None
+        if gpus:
+            text, log = read_kernel_log(host)
+            events, last_init = parse_kernel_log(text, [g.bus_id for g in gpus if g.mig])
+            log = replace(log, last_init=last_init)
+        gpus = [health.judge(g, events, log) for g in gpus]
+        for g in gpus:
+            notes.extend(f"GPU {g.index}: could not read {e}" for e in g.read_errors)
+        return GpusObserved(source, driver, tuple(gpus), tuple(holders), tuple(events), tuple(notes), cuda, log)
 
-    def _smi_observe(self, host: Host, nvml_error: str) -> tuple[str, list[Gpu], dict[int, list[GpuUse]]]:
-        def smi(query: str, fields: str):
+    def _smi_observe(self, host: Host, nvml_error: NvmlUnavailable, checks: Mapping[str, Any]
+                     ) -> tuple[str, str | None, list[Gpu], dict[int, list[GpuUse]]]:
+        def smi(*args: str):
             try:
-                return host.run(["nvidia-smi", f"--query-{query}={fields}", "--format=csv,noheader,nounits"],
-                                timeout=SMI_TIMEOUT)
+                return host.run(["nvidia-smi", *args], timeout=SMI_TIMEOUT)
             except CommandTimeout as exc:
                 raise ObserveError(str(exc)) from None
 
-        res = smi("gpu", SMI_GPU_FIELDS)
-        if res.returncode == 127:
-            raise ObserveError(f"cannot read GPUs: NVML is unavailable ({nvml_error}) and nvidia-smi is not "
-                               "installed: no NVIDIA driver on this host?")
-        if not res.ok:
-            raise ObserveError(f"cannot read GPUs: NVML is unavailable ({nvml_error}) and {res.brief()}")
-        remap = smi("gpu", SMI_REMAP_FIELDS)  # older nvidia-smi lacks these fields: then unknown
-        gpus = parse_smi_gpus(res.stdout, remap.stdout if remap.ok else "")
-        apps = smi("compute-apps", SMI_APP_FIELDS)
-        if not apps.ok:
+        def failed(res) -> ObserveError:
+            said = (res.stdout + res.stderr).lower()
+            code = next((c for words, c in SMI_INIT_FAILURES.items() if words in said), nvml_error.code)
+            hint = INIT_HINTS.get(code or 0, "")
+            return ObserveError(f"cannot read GPUs: NVML is unavailable ({nvml_error}) and {res.brief()}"
+                                + (f": {hint}" if hint else ""))
+
+        refused: list[str] = []
+        while True:
+            res = smi(f"--query-gpu={query_fields(refused)}", "--format=csv")
+            if res.returncode == 127:
+                raise ObserveError(f"cannot read GPUs: NVML is unavailable ({nvml_error}) and nvidia-smi is not "
+                                   "installed: " + (nvml_error.hint or "no NVIDIA driver on this host?"))
+            bad = invalid_field(res.stdout + res.stderr)
+            if bad is None or bad in refused:
+                break
+            if bad in SMI_REQUIRED:
+                raise ObserveError(f"cannot read GPUs: this nvidia-smi does not know the field {bad!r}")
+            refused.append(bad)  # an older driver: that reading stays unknown
+        said = res.stdout + "".join(f"\n{line}" for line in res.stderr.splitlines() if "device handle" in line)
+        if "No devices were found" in res.stdout + res.stderr:
+            return "?", None, [], {}
+        if not res.ok and "device handle" not in said:
+            raise failed(res)
+        minors = gpu_minors(os.environ.get(PROC_GPUS_ENV) or DEFAULT_PROC_GPUS)
+        gpus, driver = parse_smi_gpus(said, minors)
+        apps = smi(f"--query-compute-apps={','.join(SMI_APP_FIELDS)}", "--format=csv")
+        if not apps.ok and "device handle" not in apps.stdout + apps.stderr:  # a lost GPU fails the exit code only
             raise ObserveError(f"cannot list GPU processes: {apps.brief()}")
         uses = parse_smi_apps(apps.stdout, {g.uuid: g.index for g in gpus})
-        drv = host.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=SMI_TIMEOUT)
-        driver = drv.stdout.splitlines()[0].strip() if drv.ok and drv.stdout.strip() else "?"
-        return driver, gpus, uses
+        if checks.get("max_nvlink_down") is not None:
+            links = smi("nvlink", "-s")
+            status = parse_nvlink_status(links.stdout) if links.ok else {}
+            gpus = [replace(g, nvlink_links=status[g.index][0], nvlink_down=status[g.index][1])
+                    if g.index in status else g for g in gpus]
+        cuda = None
+        if checks.get("cuda"):
+            ver = smi("--version")
+            cuda = parse_cuda_version(ver.stdout) if ver.ok else None
+            if cuda is None:
+                table = smi()
+                cuda = parse_cuda_version(table.stdout) if table.ok else None
+        return driver or "?", cuda, gpus, uses
 
     def _holders(self, uses: Mapping[int, list[GpuUse]], gpus: Sequence[Gpu]) -> list[Holder]:
-        by_minor = {g.minor if g.minor is not None else g.index: g.index for g in gpus}
+        # /dev/nvidiaN is the driver's minor number N, not NVML's index N (8x RTX 4090 hosts have
+        # minors 3,2,1,0,7,6,5,4 by index). A GPU whose minor is unknown maps no device file.
+        by_minor = {g.minor: g.index for g in gpus if g.minor is not None}
         devices = scan_device_holders(os.environ.get(DEV_GLOB_ENV) or DEFAULT_DEV_GLOB)
         me = os.getpid()
         holders = []
@@ -194,25 +218,10 @@ class GpusReconciler(Reconciler):
             holders.append(Holder(
                 pid=pid, name=info["name"] if info else "", exe=info["exe"] if info else "",
                 unit=info["unit"] if info else None, starttime=info["starttime"] if info else None,
-                uses=tuple(sorted(pid_uses, key=lambda u: u.gpu)), device_files=devices.get(pid, ()),
-                visible=info is not None,
+                uses=tuple(sorted(pid_uses, key=lambda u: (u.gpu, u.gpu_instance or 0))),
+                device_files=devices.get(pid, ()), visible=info is not None,
             ))
         return holders
-
-    def _xids(self, host: Host) -> tuple[tuple[str, ...], str]:
-        path = os.environ.get(KERNEL_LOG_ENV)
-        if path:
-            try:
-                return parse_xids(host.read_text(path)), ""
-            except OSError as exc:
-                return (), f"kernel log {path} unreadable: {exc.strerror}"
-        try:
-            res = host.run(["dmesg"], timeout=5)
-        except CommandTimeout:
-            return (), "kernel log not read (dmesg timed out): Xid errors unknown"
-        if not res.ok:
-            return (), f"kernel log not readable ({res.brief()}): Xid errors unknown"
-        return parse_xids(res.stdout), ""
 
     # --- diff / plan ---
 
@@ -223,109 +232,58 @@ class GpusReconciler(Reconciler):
             drift.append(Drift("count", spec["count"], len(observed.gpus)))
         if spec.get("healthy"):
             for g in observed.gpus:
-                if g.health == "unhealthy":
-                    drift.append(Drift(f"gpu{g.index}.healthy", True, False))
+                if g.health != "healthy":
+                    drift.append(Drift(f"gpu{g.index}.healthy", True, False if g.health == "unhealthy" else UNKNOWN))
+            for pci in dict.fromkeys(e.pci for e in health.unlisted_events(observed.gpus, observed.xids)):
+                drift.append(Drift(f"gpu@{pci}.healthy", True, False))
         limit = spec.get("max_memory_used")
         if limit is not None:
             for g in observed.gpus:
                 used = counted_used(g, observed.holders, spec.get("allow", ()))
-                if used > limit:
-                    drift.append(Drift(f"gpu{g.index}.memory_used", f"<= {mib(limit)}", mib(used)))
+                if used is None or used > limit:
+                    drift.append(Drift(f"gpu{g.index}.memory_used", f"<= {mib(limit)}",
+                                       UNKNOWN if used is None else mib(used)))
+        drift.extend(check_drift(spec, observed))
         return drift
+
+    def settles(self, drift: Sequence[Drift]) -> bool:
+        # Only memory still being released is worth waiting for; health, checks and memory that
+        # cannot be read do not change by waiting.
+        return any(d.field.endswith(".memory_used") and d.have != UNKNOWN for d in drift)
 
     def plan(self, resource: Resource, observed: GpusObserved, drift: Sequence[Drift], ctx: Context) -> Plan:
         spec = resource.spec
-        allow = spec.get("allow", ())
-        free = spec.get("free_with") or {}
         fields = {d.field for d in drift}
         blocked: list[str] = []
-        notes: list[str] = []
-        actions: list[Action] = []
-
         if "count" in fields:
             blocked.append(f"expected {spec['count']} GPUs, found {len(observed.gpus)}: a person must check the "
                            "hardware and driver (nvidia-smi -L, the kernel log)")
         for g in observed.gpus:
-            if f"gpu{g.index}.healthy" in fields:
-                blocked.append(f"GPU {g.index} ({g.bus_id}) is unhealthy: {'; '.join(g.problems)}: "
-                               "a person must reset or replace it")
-
-        over = [g for g in observed.gpus if f"gpu{g.index}.memory_used" in fields]
-        if over:
-            limit = spec["max_memory_used"]
-            over_idx = {g.index for g in over}
-            others = [h for h in observed.holders if not allowed(h, allow)]
-            # Memory no listed process accounts for: device-file holders are then suspects too.
-            unexplained = {}
-            for g in over:
-                known = sum(u.used_bytes or 0 for h in others for u in h.uses if u.gpu == g.index)
-                unexplained[g.index] = counted_used(g, observed.holders, allow) - known
-            suspects = []
-            for h in others:
-                hit = [u.gpu for u in h.uses if u.gpu in over_idx
-                       and ((u.used_bytes or 0) > 0 or (u.used_bytes is None and unexplained[u.gpu] > limit))]
-                if hit:
-                    suspects.append((h, hit))
-            seen_units: set[str] = set()
-            for h, hit in suspects:
-                what = f"{h.label()} {_holding(h, hit)}"
-                if not h.visible:
-                    blocked.append(f"pid {h.pid} {_holding(h, hit)} is not visible from here (another PID "
-                                   "namespace or container?): free it where it runs")
-                elif h.pid <= 1 or h.pid == os.getpid():
-                    blocked.append(f"{what}: PID 1 and reconcile itself are never signalled")
-                elif h.unit and free.get("stop_units"):
-                    if h.unit in seen_units:
-                        continue
-                    seen_units.add(h.unit)
-                    declared = ctx.resources.get(f"unit:{h.unit}")
-                    if declared is not None and declared.spec.get("active") is False:
-                        notes.append(f"{what}: freed by unit:{h.unit} (declared active: false, acted on first)")
-                    elif declared is not None:
-                        blocked.append(f"{what} belongs to {h.unit}, which the state declares active: add "
-                                       f"unit:{h.unit} to gpus.allow or declare it active: false")
-                    else:
-                        actions.append(Action("stop", h.unit, f"stop unit {h.unit} ({what})",
-                                              {"unit": h.unit}))
-                elif self._killable(h, free.get("kill", ())):
-                    verb = f"terminate {h.pid} ({h.name}) {_holding(h, hit)}"
-                    if h.unit:
-                        verb += f" [in {h.unit}: with Restart= it may come back; stop_units is off]"
-                    actions.append(Action("terminate", f"pid {h.pid}", verb, {
-                        "pid": h.pid, "name": h.name, "starttime": h.starttime,
-                        "grace": free.get("grace", DEFAULT_GRACE)}))
-                else:
-                    where = f" in {h.unit}" if h.unit else ""
-                    blocked.append(f"{what}{where} is not in gpus.allow"
-                                   + (" and stop_units is off" if h.unit else "")
-                                   + " nor matched by free_with.kill: nothing was signalled")
-            for g in over:
-                # Still over the limit with every listed holder gone, and no device-file holder to blame.
-                if unexplained[g.index] > limit and not any(
-                        u.used_bytes is None and u.gpu == g.index for h, _ in suspects for u in h.uses):
-                    blocked.append(f"GPU {g.index}: {mib(unexplained[g.index])} held by no process visible here "
-                                   "(NVML lists none and no process has its device file open)")
-        message = "\n".join([*notes, *self._gpu_lines(observed, spec), *self._xid_lines(observed)]) if drift else ""
+            if f"gpu{g.index}.healthy" not in fields:
+                continue
+            if g.health == "unhealthy":
+                blocked.append(f"{g.label} must not run jobs: {g.step}. Why: {'; '.join(g.problems)}")
+            else:
+                blocked.append(f"{g.label}: cannot tell whether a job may run on it: {'; '.join(g.problems)}")
+        for ev in health.unlisted_events(observed.gpus, observed.xids):
+            if f"gpu@{ev.pci}.healthy" in fields:
+                blocked.append(f"the GPU at PCI {ev.pci}, which the driver does not list, must not run jobs: "
+                               f"{ev.step}. Why: {ev.describe()} [NVIDIA Xid catalogue: {ev.why}]")
+        actions, notes, mem_blocked = memory_plan(spec, observed, fields, ctx)
+        blocked.extend(mem_blocked)
+        blocked.extend(check_blocked([d for d in drift if any(_match(d.field, p) for p in CHECK_FIELDS)]))
+        message = "\n".join([*notes, *memory_lines(observed, spec), *self._xid_lines(observed)]) if drift else ""
         if blocked and message:
             message = "\n" + message  # the report joins blocked and message on one line otherwise
         return Plan(actions=tuple(actions), blocked="\n".join(blocked) or None, message=message)
 
     @staticmethod
-    def _killable(h: Holder, globs: Sequence[str]) -> bool:
-        return any(n and fnmatch.fnmatchcase(n, g) for g in globs for n in (h.name, h.exe))
-
-    @staticmethod
-    def _gpu_lines(observed: GpusObserved, spec: Mapping[str, Any]) -> list[str]:
-        lines = []
-        for g in observed.gpus:
-            counted = counted_used(g, observed.holders, spec.get("allow", ()))
-            extra = f" ({mib(counted)} counted)" if counted != g.memory_used else ""
-            lines.append(f"GPU {g.index}: {mib(g.memory_used)} / {mib(g.memory_total)}{extra}, {g.health}")
-        return lines
-
-    @staticmethod
     def _xid_lines(observed: GpusObserved) -> list[str]:
-        return [f"kernel log: {x}" for x in observed.xids]
+        lines = []
+        for e in observed.xids:
+            when = "" if e.current else ", before the GPU was last initialised: history"
+            lines.append(f"kernel log: {e.pci}: {e.describe()} [{e.why}: {e.step}{when}]")
+        return lines
 
     # --- apply ---
 
@@ -371,8 +329,31 @@ class GpusReconciler(Reconciler):
         raise ApplyError(f"{pid} survived SIGKILL for {KILL_WAIT:g}s (uninterruptible sleep?)")
 
     def summary(self, resource: Resource, observed: GpusObserved) -> str:
-        per = ", ".join(f"GPU{g.index} {mib(g.memory_used)} / {mib(g.memory_total)}" for g in observed.gpus)
-        health = {g.health for g in observed.gpus}
-        word = "unhealthy" if "unhealthy" in health else ("health unknown" if "unknown" in health else "healthy")
+        def mem(g: Gpu) -> str:
+            used = "?" if g.memory_used is None else mib(g.memory_used)
+            total = "?" if g.memory_total is None else mib(g.memory_total)
+            mig = f" (MIG, {len(g.mig_instances)} instances)" if g.mig else ""
+            return f"GPU{g.index} {used} / {total}{mig}"
+
+        per = ", ".join(mem(g) for g in observed.gpus)
+        bad = [g for g in observed.gpus if g.health == "unhealthy"]
+        if bad:
+            word = "unhealthy (" + "; ".join(f"GPU {g.index}: {g.step}" for g in bad) + ")"
+        elif any(g.health != "healthy" for g in observed.gpus):
+            word = "health unknown"
+        else:
+            word = "healthy"
         via = "NVML" if observed.source == "nvml" else "nvidia-smi"
-        return f"{len(observed.gpus)} GPUs via {via} (driver {observed.driver_version}), {word}: {per}"
+        current = [e for e in observed.xids if e.current]
+        log = ""
+        if current:
+            keep = sum(1 for e in current if e.keep_off)
+            log = f"; kernel log: {len(current)} driver message{'s' if len(current) != 1 else ''} since the GPUs " \
+                  f"were initialised, {keep} keeping a job off"
+        return f"{len(observed.gpus)} GPUs via {via} (driver {observed.driver_version}), {word}: {per}{log}"
+
+
+def _match(field: str, pattern: str) -> bool:
+    import fnmatch
+
+    return fnmatch.fnmatchcase(field, pattern)

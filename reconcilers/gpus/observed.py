@@ -1,11 +1,29 @@
-"""What the gpus kind observes: each GPU, what holds its memory, and the verdict on its health."""
+"""What the gpus kind observes: each GPU, what holds its memory, what the kernel log says about
+it, and the verdict on its health."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One reason a job must not run on a GPU, and the step a person must take for it."""
+
+    what: str  # "Xid 79 at [ 4254.197860]: GPU has fallen off the bus"
+    action: str  # a catalogue.STEPS key: RESTART_BM, RESET_GPU, CONTACT_SUPPORT, ...
+    step: str  # catalogue.step_text(action): "reboot the node"
+    source: str = ""  # where it comes from: "NVIDIA Xid catalogue: RESTART_BM", "NVML recovery action"
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    gpu_instance: int
+    compute_instance: int | None
+    memory_total: int | None  # bytes
+    memory_used: int | None
 
 
 @dataclass(frozen=True)
@@ -14,23 +32,52 @@ class Gpu:
     name: str
     uuid: str
     bus_id: str
-    memory_total: int  # bytes
-    memory_used: int  # bytes (NVML v2 `used` where the driver has it: excludes the driver's reservation)
+    # Bytes. None: the GPU does not report it (unified memory: GB10/DGX Spark, Grace), or it could
+    # not be read: never 0. `used` is NVML v2's where the driver has it (excludes the reservation).
+    memory_total: int | None
+    memory_used: int | None
     temperature_c: int | None = None
     power_w: float | None = None
-    ecc_uncorrected_volatile: int | None = None  # None: not supported / unknown
+    # Memory health, as NVML/nvidia-smi report it; None: not supported on this GPU, or not read.
+    ecc_uncorrected_volatile: int | None = None
     retired_pages_pending: bool | None = None
-    remapped_rows_pending: bool | None = None
+    remapped_rows_pending: bool | None = None  # None under MIG: NVML does not report it then
     remapped_rows_failure: bool | None = None
-    health: str = "unknown"  # healthy, unhealthy, unknown
+    recovery_action: int | None = None  # NVML_GPU_RECOVERY_ACTION_* (0 none); -1: a value not known here
+    lost: str | None = None  # NVML/nvidia-smi: "GPU is lost", "GPU requires reset" (from any call)
+    read_errors: tuple[str, ...] = ()  # queries that failed (not merely unsupported): health unknown
+    processes_listed: bool = True  # False: the process lists could not be read (who holds it is unknown)
+    minor: int | None = None  # /dev/nvidiaN, the driver's number (NVML or /proc/driver/nvidia); None: not known
+    mig: bool | None = None  # MIG mode (current); None: not supported
+    mig_instances: tuple[MigInstance, ...] = ()
+    # What the declared checks read (docs/gpus.md#checks); None: not reported by this GPU/driver.
+    ecc_corrected_volatile: int | None = None
+    vbios: str | None = None
+    persistence_mode: bool | None = None
+    pcie_gen: int | None = None  # current (drops at idle to save power)
+    pcie_gen_max: int | None = None  # what this GPU in this slot can reach (GPU and system)
+    pcie_gen_gpu_max: int | None = None  # the GPU's own maximum
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    clock_events: tuple[str, ...] | None = None  # active clock-event (throttle) reasons
+    nvlink_links: int | None = None  # links the GPU has (0: none)
+    nvlink_down: tuple[int, ...] | None = None  # links that are not active
+    # The verdict (health.py): healthy, unhealthy, unknown; the reasons and the step to take first.
+    health: str = "unknown"
     problems: tuple[str, ...] = ()
-    minor: int | None = None  # /dev/nvidiaN
+    signals: tuple[Signal, ...] = ()
+    step: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index} ({self.bus_id})"
 
 
 @dataclass(frozen=True)
 class GpuUse:
     gpu: int  # NVML index
-    used_bytes: int | None  # None: not reported (a device-file holder, N/A)
+    used_bytes: int | None  # None: not reported (a device-file holder, NVML_VALUE_NOT_AVAILABLE, [N/A])
+    gpu_instance: int | None = None  # MIG GPU instance the process runs in
 
 
 @dataclass(frozen=True)
@@ -51,29 +98,47 @@ class Holder:
 
 
 @dataclass(frozen=True)
+class KernelEvent:
+    """A driver message about a GPU in the kernel log: an Xid, or a GPU fallen off the bus without one.
+
+    Repeats of the same message are one event with a count (an Xid storm is thousands of lines)."""
+
+    pci: str  # "0000:3b:00" (domain:bus:device), as the driver prints it
+    xid: int | None  # None: "fallen off the bus" without an Xid number
+    detail: str  # the message after the number, pid=/name= left out
+    first: str = ""  # when, as the log prints it ("[ 4254.197860]", "[Sun Feb 23 16:24:18 2025]")
+    last: str = ""
+    count: int = 1
+    gpu_instance: int | None = None  # MIG: "(PCI:0000:01:00 GPU-I:05)"
+    current: bool = True  # False: before the GPU was last initialised (boot, driver load, reset): history
+    keep_off: bool = False  # NVIDIA's catalogue (and the line) say a job must not run on the GPU
+    action: str = ""  # the step's catalogue action: RESET_GPU, RESTART_BM, RESTART_APP, IGNORE, ...
+    step: str = ""
+    why: str = ""  # what decided it: "Xid 48: WORKFLOW_XID_48", "Xid 94: RESTART_APP; the driver says RST: Yes"
+
+    def describe(self) -> str:
+        what = f"Xid {self.xid}" if self.xid is not None else "GPU has fallen off the bus (no Xid number)"
+        when = f" at {self.first}" if self.first else ""
+        times = f" ({self.count} times, last {self.last})" if self.count > 1 else ""
+        return f"{what}{when}{times}" + (f": {self.detail}" if self.detail and self.xid is not None else "")
+
+
+@dataclass(frozen=True)
+class KernelLog:
+    source: str  # "dmesg", "journalctl -k -b", a file (RECONCILE_KERNEL_LOG); "" when not read
+    readable: bool = True
+    complete: bool = True  # False: it does not reach back to boot (ring buffer rotated)
+    note: str = ""  # why not readable / not complete
+    last_init: str = ""  # the latest boot/driver-load line it holds: Xids before it are history
+
+
+@dataclass(frozen=True)
 class GpusObserved:
     source: str  # "nvml" or "nvidia-smi"
     driver_version: str
     gpus: tuple[Gpu, ...]
     holders: tuple[Holder, ...] = ()
-    xids: tuple[str, ...] = ()  # critical Xid errors in the kernel log since boot
+    xids: tuple[KernelEvent, ...] = ()  # every driver message about a GPU in this boot's kernel log
     notes: tuple[str, ...] = ()
-
-
-def health_of(ecc: int | None, retired: bool | None, remap_pending: bool | None,
-              remap_failure: bool | None, extra: Sequence[str] = ()) -> tuple[str, tuple[str, ...]]:
-    """DCGM's memory health watch: volatile uncorrected ECC, pending retirement, row remap pending/failure."""
-    problems = list(extra)
-    if ecc:
-        problems.append(f"{ecc} volatile uncorrected ECC error{'s' if ecc != 1 else ''}")
-    if retired:
-        problems.append("retired pages pending (needs a reset)")
-    if remap_pending:
-        problems.append("row remapping pending (needs a reset)")
-    if remap_failure:
-        problems.append("row remapping failed")
-    if problems:
-        return "unhealthy", tuple(problems)
-    if None in (ecc, retired) and None in (remap_pending, remap_failure):
-        return "unknown", ()
-    return "healthy", ()
+    cuda_version: str | None = None  # the CUDA version the driver supports ("13.1")
+    kernel_log: KernelLog | None = None

@@ -14,6 +14,34 @@ EXCLUDED_NAMES = frozenset({"nvidia-persistenced", "nv-hostengine", "dcgm-export
 DEV_GLOB_ENV = "RECONCILE_NVIDIA_DEV_GLOB"
 DEFAULT_DEV_GLOB = "/dev/nvidia*"
 DEV_GPU_RE = re.compile(r"nvidia(\d+)$")
+# Where the driver describes each GPU (Device Minor, Bus Location): /proc/driver/nvidia/gpus/<bus>/information.
+PROC_GPUS_ENV = "RECONCILE_NVIDIA_PROC_DIR"
+DEFAULT_PROC_GPUS = "/proc/driver/nvidia/gpus"
+
+
+def gpu_minors(directory: str) -> dict[str, int]:
+    """PCI address (`0000:3b:00`) -> the driver's Device Minor, the N of /dev/nvidiaN, read from
+    <directory>/<bus>/information (`Device Minor:    0`, `Bus Location:    0000:3b:00.0`). It is
+    not the nvidia-smi index: on real 8-GPU hosts minor 3 is index 0 (tests/data/gpus/real/)."""
+    from .xid import pci_key
+
+    out: dict[str, int] = {}
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return out
+    for entry in entries:
+        text = _read(os.path.join(directory, entry, "information"))
+        if text is None:
+            continue
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        try:
+            minor = int(fields["Device Minor"])
+        except (KeyError, ValueError):
+            continue
+        out[pci_key(fields.get("Bus Location") or entry)] = minor
+    return out
 
 
 def unit_of_cgroup(text: str) -> str | None:

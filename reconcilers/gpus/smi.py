@@ -1,80 +1,241 @@
-"""The nvidia-smi fallback: its `--query-gpu` / `--query-compute-apps` CSV, parsed."""
+"""The nvidia-smi fallback: `--query-gpu` / `--query-compute-apps` CSV (and `nvlink -s`), parsed.
+
+CSV with its header (`--format=csv`): columns are found by name, values keep nvidia-smi's units
+(`97887 MiB`, `84.12 W`). The query field names are stable across drivers where the `-q` text
+is not (driver 610 moved the power limits). An nvidia-smi that does not know a field refuses the
+whole query (`Field "gpu_recovery_action" is not a valid field to query.`): the field is dropped
+and the query repeated, so an older driver still answers what it has; that reading is then
+unknown, never a default.
+
+Values: `[N/A]`, `N/A`, `[Not Supported]` and `[Requested functionality has been deprecated]`
+mean the GPU or driver does not have it; any other bracketed value (`[Unknown Error]`, `[GPU is
+lost]`, `[Insufficient Permissions]`) is an error: a read error, or the GPU lost.
+A GPU nvidia-smi cannot reach is a line `Unable to determine the device handle for GPU
+0000:02:00.0: GPU is lost. Reboot the system to recover this GPU` in place of its row.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 
 from ...pipeline.contract import ObserveError
-from .observed import MIB, Gpu, GpuUse, health_of
+from .catalogue import recovery_from_text
+from .nvml import CLOCK_EVENT_BITS
+from .observed import MIB, Gpu, GpuUse
 
-SMI_GPU_FIELDS = ("index,name,uuid,pci.bus_id,memory.total,memory.used,temperature.gpu,power.draw,"
-                  "ecc.errors.uncorrected.volatile.total,retired_pages.pending")
+# Without these the GPUs cannot be told apart or their memory read: an nvidia-smi that refuses one is an error.
+SMI_REQUIRED = ("index", "uuid", "pci.bus_id", "memory.total", "memory.used")
+SMI_GPU_FIELDS = SMI_REQUIRED + (
+    "name", "driver_version", "temperature.gpu", "power.draw", "ecc.errors.uncorrected.volatile.total",
+    "ecc.errors.corrected.volatile.total", "retired_pages.pending", "remapped_rows.pending",
+    "remapped_rows.failure", "gpu_recovery_action", "mig.mode.current", "persistence_mode", "vbios_version",
+    "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.gen.gpumax", "pcie.link.width.current",
+    "pcie.link.width.max", "clocks_event_reasons.active")
+# Drivers before 535 name the clock-event reasons "throttle reasons".
+SMI_RENAMED = {"clocks_event_reasons.active": "clocks_throttle_reasons.active"}
+SMI_APP_FIELDS = ("gpu_uuid", "pid", "process_name", "used_gpu_memory")
+
+_INVALID_FIELD_RE = re.compile(r'Field "([^"]+)" is not a valid field to query')
+_HANDLE_RE = re.compile(r"Unable to determine the device handle for (?:GPU\s*)?([0-9A-Fa-f:.]+):\s*(.+)")
+_NOT_THERE = ("n/a", "[n/a]", "not supported", "[not supported]", "[requested functionality has been deprecated]",
+              "requested functionality has been deprecated", "")
 
 
-SMI_REMAP_FIELDS = "uuid,remapped_rows.pending,remapped_rows.failure"
-SMI_APP_FIELDS = "gpu_uuid,pid,process_name,used_memory"
+def invalid_field(text: str) -> str | None:
+    m = _INVALID_FIELD_RE.search(text)
+    return m.group(1) if m else None
 
 
-def _smi_value(v: str) -> str | None:
-    v = v.strip()
-    return None if not v or v.startswith("[") or v in ("N/A", "Not Supported") else v
+class Value:
+    """One CSV cell: its text, and what it means."""
+
+    def __init__(self, text: str | None):
+        self.text = (text or "").strip()
+
+    @property
+    def missing(self) -> bool:
+        return self.text.lower() in _NOT_THERE
+
+    @property
+    def error(self) -> str | None:
+        return self.text.strip("[]") if self.text.startswith("[") and not self.missing else None
+
+    def str(self) -> str | None:
+        return None if self.missing or self.error else self.text
+
+    def int(self) -> int | None:
+        s = self.str()
+        if s is None:
+            return None
+        try:
+            word = s.split()[0].rstrip("x")  # "16x" link widths
+            return int(word, 16) if word.lower().startswith("0x") else int(float(word))
+        except (ValueError, IndexError):
+            return None
+
+    def float(self) -> float | None:
+        s = self.str()
+        try:
+            return float(s.split()[0]) if s else None
+        except (ValueError, IndexError):
+            return None
+
+    def bool(self) -> bool | None:
+        s = self.str()
+        return None if s is None else s.lower() in ("yes", "1", "true", "enabled", "active")
+
+    def mib(self) -> int | None:
+        n = self.int()
+        return None if n is None else n * MIB
 
 
-def _smi_int(v: str) -> int | None:
-    s = _smi_value(v)
-    try:
-        return int(float(s)) if s is not None else None
-    except ValueError:
-        return None
-
-
-def _smi_bool(v: str) -> bool | None:
-    s = _smi_value(v)
+def _bits(v: Value) -> tuple[str, ...] | None:
+    s = v.str()
     if s is None:
         return None
-    return s.lower() in ("yes", "1", "true", "enabled")
+    try:
+        bits = int(s, 16)
+    except ValueError:
+        return None
+    return tuple(name for bit, name in CLOCK_EVENT_BITS.items() if bits & bit)
 
 
-def parse_smi_gpus(csv: str, remap_csv: str = "") -> list[Gpu]:
-    """`nvidia-smi --query-gpu=SMI_GPU_FIELDS --format=csv,noheader,nounits` (MiB, W, C)."""
-    remap: dict[str, tuple[bool | None, bool | None]] = {}
-    for line in remap_csv.splitlines():
-        cols = [c.strip() for c in line.split(",")]
-        if len(cols) == 3:
-            remap[cols[0]] = (_smi_bool(cols[1]), _smi_bool(cols[2]))
-    gpus = []
+def _rows(csv: str) -> tuple[list[dict[str, Value]], list[tuple[str, str]]]:
+    """Header-keyed rows of nvidia-smi's CSV (units stripped from the names), and the GPUs it could
+    not reach: (bus id, reason)."""
+    header: list[str] | None = None
+    rows: list[dict[str, Value]] = []
+    unreachable: list[tuple[str, str]] = []
     for line in csv.splitlines():
+        m = _HANDLE_RE.search(line)
+        if m:
+            unreachable.append((m.group(1), m.group(2).strip()))
+            continue
         if not line.strip():
             continue
         cols = [c.strip() for c in line.split(",")]
-        if len(cols) != 10:
+        if header is None:
+            canonical = {old: new for new, old in SMI_RENAMED.items()}
+            header = [canonical.get(n, n) for n in (c.split(" [", 1)[0] for c in cols)]
+            continue
+        if len(cols) != len(header):
             raise ObserveError(f"unexpected nvidia-smi output line: {line.strip()!r}")
-        idx, name, uuid, bus, total, used, temp, power, ecc, retired = cols
-        power_v = _smi_value(power)
-        ecc_v, retired_v = _smi_int(ecc), _smi_bool(retired)
-        pend, fail = remap.get(uuid, (None, None))
-        health, problems = health_of(ecc_v, retired_v, pend, fail)
+        rows.append({h: Value(c) for h, c in zip(header, cols, strict=True)})
+    return rows, unreachable
+
+
+def parse_smi_gpus(csv: str, minors: Mapping[str, int] | None = None) -> tuple[list[Gpu], str | None]:
+    """`nvidia-smi --query-gpu=<fields> --format=csv` -> the GPUs, and the driver version.
+
+    MINORS: PCI bus id (pci_key form) -> Device Minor from /proc/driver/nvidia/gpus (procfs.py)."""
+    from .xid import pci_key
+
+    rows, unreachable = _rows(csv)
+    minors = minors or {}
+    gpus: list[Gpu] = []
+    driver = None
+    for r in rows:
+        def get(name: str, row: dict[str, Value] = r) -> Value:
+            return row.get(name) or Value(None)
+
+        if get("index").int() is None:
+            raise ObserveError(f"nvidia-smi gave no index in {', '.join(v.text for v in r.values())!r}")
+        driver = driver or get("driver_version").str()
+        errors, lost = [], None
+        for name, v in r.items():
+            if v.error:
+                if "lost" in v.error.lower() or "reset" in v.error.lower():
+                    lost = lost or v.error
+                else:
+                    errors.append(f"{name}: {v.error}")
+        bus = get("pci.bus_id").text
+        recovery = get("gpu_recovery_action")
         gpus.append(Gpu(
-            index=int(idx), name=name, uuid=uuid, bus_id=bus,
-            memory_total=(_smi_int(total) or 0) * MIB, memory_used=(_smi_int(used) or 0) * MIB,
-            temperature_c=_smi_int(temp), power_w=float(power_v) if power_v else None,
-            ecc_uncorrected_volatile=ecc_v, retired_pages_pending=retired_v,
-            remapped_rows_pending=pend, remapped_rows_failure=fail, health=health, problems=problems,
-            minor=int(idx),
+            index=get("index").int() or 0, name=get("name").text or "?", uuid=get("uuid").text, bus_id=bus,
+            memory_total=get("memory.total").mib(), memory_used=get("memory.used").mib(),
+            temperature_c=get("temperature.gpu").int(), power_w=get("power.draw").float(),
+            ecc_uncorrected_volatile=get("ecc.errors.uncorrected.volatile.total").int(),
+            ecc_corrected_volatile=get("ecc.errors.corrected.volatile.total").int(),
+            retired_pages_pending=get("retired_pages.pending").bool(),
+            remapped_rows_pending=get("remapped_rows.pending").bool(),
+            remapped_rows_failure=get("remapped_rows.failure").bool(),
+            recovery_action=recovery_from_text(recovery.text) if recovery.str() else None,
+            mig=get("mig.mode.current").bool(), persistence_mode=get("persistence_mode").bool(),
+            vbios=get("vbios_version").str(),
+            pcie_gen=get("pcie.link.gen.current").int(), pcie_gen_max=get("pcie.link.gen.max").int(),
+            pcie_gen_gpu_max=get("pcie.link.gen.gpumax").int(), pcie_width=get("pcie.link.width.current").int(),
+            pcie_width_max=get("pcie.link.width.max").int(),
+            clock_events=_bits(get("clocks_event_reasons.active")),
+            minor=minors.get(pci_key(bus)), lost=lost, read_errors=tuple(errors), processes_listed=lost is None,
         ))
-    return gpus
+    # A GPU nvidia-smi could not reach takes the place its row would have had (index order).
+    taken = {g.index for g in gpus}
+    free = (i for i in range(len(gpus) + len(unreachable)) if i not in taken)
+    for bus, reason in unreachable:
+        lost = reason if "lost" in reason.lower() or "reset" in reason.lower() else None
+        gpus.append(Gpu(next(free), "?", "?", bus, None, None, lost=lost, minor=minors.get(pci_key(bus)),
+                        read_errors=() if lost else (f"its handle: {reason}",), processes_listed=False))
+    return sorted(gpus, key=lambda g: g.index), driver
 
 
 def parse_smi_apps(csv: str, index_of_uuid: Mapping[str, int]) -> dict[int, list[GpuUse]]:
-    """`--query-compute-apps=gpu_uuid,pid,process_name,used_memory` -> PID -> uses."""
+    """`--query-compute-apps=gpu_uuid,pid,process_name,used_gpu_memory --format=csv` -> PID -> uses.
+
+    nvidia-smi lists a process that is compute and graphics ("C+G") here once per GPU."""
     uses: dict[int, list[GpuUse]] = {}
+    header = True
     for line in csv.splitlines():
         cols = [c.strip() for c in line.split(",")]
+        if header and cols and cols[0].startswith("gpu_uuid"):
+            header = False
+            continue
         if len(cols) < 4 or not cols[1].isdigit():
             continue
         gpu = index_of_uuid.get(cols[0])
         if gpu is None:
             continue
-        mib = _smi_int(cols[-1])
-        uses.setdefault(int(cols[1]), []).append(GpuUse(gpu, mib * MIB if mib is not None else None))
+        uses.setdefault(int(cols[1]), []).append(GpuUse(gpu, Value(cols[-1]).mib()))
     return uses
+
+
+_NVLINK_GPU_RE = re.compile(r"^GPU (\d+):")
+_NVLINK_LINK_RE = re.compile(r"^\s*Link (\d+):\s*(.*)$")
+
+
+def parse_nvlink_status(text: str) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """`nvidia-smi nvlink -s` -> GPU index -> (links, the links that are down).
+
+    A link is listed with its speed (`Link 0: 25 GB/s`) or as `<inactive>`."""
+    out: dict[int, list] = {}
+    gpu = None
+    for line in text.splitlines():
+        m = _NVLINK_GPU_RE.match(line)
+        if m:
+            gpu = int(m.group(1))
+            out[gpu] = [0, []]
+            continue
+        m = _NVLINK_LINK_RE.match(line)
+        if m and gpu is not None:
+            out[gpu][0] += 1
+            if "inactive" in m.group(2).lower() or "down" in m.group(2).lower():
+                out[gpu][1].append(int(m.group(1)))
+    return {g: (n, tuple(down)) for g, (n, down) in out.items()}
+
+
+def parse_cuda_version(text: str) -> str | None:
+    """`nvidia-smi --version` (`CUDA Version : 13.1`) or the table's header (`CUDA Version: 13.1`)."""
+    m = re.search(r"CUDA Version\s*:\s*([0-9][0-9.]*)", text)
+    return m.group(1) if m else None
+
+
+def query_fields(refused: Sequence[str]) -> str:
+    fields = []
+    for f in SMI_GPU_FIELDS:
+        if f in refused:
+            alt = SMI_RENAMED.get(f)
+            if alt and alt not in refused:
+                fields.append(alt)
+            continue
+        fields.append(f)
+    return ",".join(fields)

@@ -1,24 +1,186 @@
-"""Xid errors from the kernel log (`NVRM: Xid (PCI:...): NN, ...`): what the driver reported about
-each GPU since boot."""
+"""The NVIDIA driver's messages about GPUs in the kernel log, each judged by NVIDIA's Xid catalogue.
+
+What is read, in every form drivers print it (tests/data/gpus/xid-lines.yaml has real lines):
+- `NVRM: Xid (PCI:0000:3b:00): 79, pid=..., name=..., text` — with or without `pid=`/`name=`,
+  with MIG's `GPU-I:05 GPU-CI:01` in the parenthesis, and the oldest form without `PCI:`;
+  behind any prefix (`[ 12.3]`, `dmesg -T`, ISO time, syslog, journalctl's `kernel:`).
+- "fallen off the bus" without an Xid number: `NVRM: GPU 0000:18:00.0: GPU has fallen off the
+  bus.`, the older `NVRM: GPU at 0000:01:00.0 has fallen off the bus.` and the probe-time message
+  over three lines (`NVRM: The NVIDIA GPU 0000:b3:00.0` / `(PCI ID: …) installed in this system
+  has` / `fallen off the bus and is not responding to commands.`).
+
+Since when an Xid counts — how a reset or a driver reload is told apart from an Xid before it:
+the kernel log is in order, and these lines start a GPU afresh; an event before the last of
+them is history (kept in the report, not judged):
+- a boot (`Linux version …`, the kernel's first line) — a file may hold several boots;
+- a driver load (`NVRM: loading NVIDIA UNIX … Kernel Module …`, printed at every load), for all GPUs;
+- a GPU reset, for that GPU: the driver prints nothing of its own, so reconcile takes
+  nvidia-smi's own words `GPU 00000000:3B:00.0 was successfully reset.` in the kernel log,
+  which `nvidia-smi -r -i 3 | tee /dev/kmsg` puts there (NVSentinel acknowledges resets the
+  same way, through a log entry written by its reset tool).
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from dataclasses import replace
 
-# Application Xids (k8s-device-plugin's list): the process's fault, not the GPU's.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+from .catalogue import HARMLESS, RECOVERY_ACTIONS, STEPS, XIDS, step_text
+from .observed import KernelEvent
+
 KERNEL_LOG_ENV = "RECONCILE_KERNEL_LOG"
-_XID_RE = re.compile(r"NVRM: Xid \((PCI:[^)]*)\): (\d+),?\s*(.*)")
+
+_PCI = r"(?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
+_XID_RE = re.compile(r"NVRM: Xid \(" + _PCI + r"(?:\s+GPU-I:(\d+))?(?:\s+GPU-CI:(\d+))?\):\s*(\d+)\s*,?\s*(.*)")
+_BDF = r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})\.[0-7]"
+_FALLEN_RES = (re.compile(r"NVRM: GPU " + _BDF + r": GPU has fallen off the bus"),
+               re.compile(r"NVRM: GPU at (?:PCI:)?" + _BDF + r" has fallen off the bus"))
+_PROBE_GPU_RE = re.compile(r"NVRM: The NVIDIA GPU " + _BDF)
+_LOAD_RE = re.compile(r"NVRM: loading NVIDIA UNIX")
+_BOOT_RE = re.compile(r"\bLinux version \d")
+_RESET_RE = re.compile(r"\bGPU " + _BDF + r" was successfully reset")
+_PIDNAME_RE = re.compile(r"^pid=('[^']*'|[^,]*),\s*(name=[^,]*,\s*)?")
+_WHEN_RES = (re.compile(r"\[\s*\d+\.\d+\]"),  # dmesg: seconds since boot
+             re.compile(r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"),  # dmesg -T
+             re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d+[+-]\d\d:?\d\d"),  # dmesg --time-format iso
+             re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d"))  # syslog
 
 
-def parse_xids(text: str) -> tuple[str, ...]:
-    """Critical Xid lines of a kernel log (application Xids left out), one entry per distinct error."""
-    seen: dict[str, None] = {}
-    for line in text.splitlines():
-        m = _XID_RE.search(line)
-        if not m or int(m.group(2)) in APPLICATION_XIDS:
+def pci_key(bus_id: str) -> str:
+    """`00000000:3B:00.0`, `0000:3b:00`, `PCI:0000:3b:00` -> `0000:3b:00` (domain:bus:device)."""
+    s = bus_id.strip().lower()
+    s = s[4:] if s.startswith("pci:") else s
+    parts = s.split(":")
+    if len(parts) != 3:
+        return s
+    domain, bus, dev = parts[0], parts[1], parts[2].split(".")[0]
+    try:
+        return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}"
+    except ValueError:
+        return s
+
+
+def _when(line: str) -> str:
+    head = line.split("NVRM:", 1)[0]
+    for rx in _WHEN_RES:
+        m = rx.search(head)
+        if m:
+            return m.group(0)
+    return ""
+
+
+def parse_kernel_log(text: str, mig_pcis: Iterable[str] = ()) -> tuple[tuple[KernelEvent, ...], str]:
+    """Every driver message about a GPU, oldest first, repeats folded; and the last (re)initialisation
+    line seen. Each event carries NVIDIA's verdict and whether it is current (since that GPU was
+    last initialised). MIG_PCIS: GPUs with MIG on (Xid 63/64 then stand for NVML's remap signal)."""
+    mig = {pci_key(p) for p in mig_pcis}
+    events: dict[tuple, list] = {}  # key -> [KernelEvent, index of the first line]
+    order: list[tuple] = []
+    init_all = -1  # line number of the last boot or driver load
+    init_gpu: dict[str, int] = {}  # pci -> line number of its last reset
+    last_init = ""
+    probe_pci: str | None = None  # "The NVIDIA GPU <bdf>" waiting for its "fallen off the bus" line
+    probe_left = 0
+    for n, line in enumerate(text.splitlines()):
+        if _BOOT_RE.search(line) or _LOAD_RE.search(line):
+            init_all, last_init = n, line.strip()
             continue
-        detail = m.group(3).strip()
-        detail = re.sub(r"^pid=[^,]*,\s*(name=[^,]*,\s*)?", "", detail)
-        seen[f"Xid {m.group(2)} on {m.group(1)}" + (f": {detail}" if detail else "")] = None
-    return tuple(seen)[:20]
+        m = _RESET_RE.search(line)
+        if m:
+            init_gpu[pci_key(m.group(1))] = n
+            continue
+        if "NVRM:" not in line:
+            continue
+        found: tuple[str, int | None, str, int | None] | None = None
+        m = _XID_RE.search(line)
+        if m:
+            detail = _PIDNAME_RE.sub("", m.group(5).strip()).strip()
+            found = (pci_key(m.group(1)), int(m.group(4)), detail, int(m.group(2)) if m.group(2) else None)
+        else:
+            for rx in _FALLEN_RES:
+                fm = rx.search(line)
+                if fm:
+                    found = (pci_key(fm.group(1)), None, "", None)
+                    break
+            pm = _PROBE_GPU_RE.search(line)
+            if pm:
+                probe_pci, probe_left = pci_key(pm.group(1)), 3
+                if "fallen off the bus" not in line:
+                    continue
+            if found is None and probe_pci and probe_left > 0:
+                probe_left -= 1
+                if "fallen off the bus" in line:
+                    found = (probe_pci, None, "", None)
+                    probe_pci = None
+        if found is None:
+            continue
+        pci, xid, detail, gi = found
+        key = (pci, xid, detail, gi)
+        when = _when(line)
+        if key in events:
+            ev, _ = events[key]
+            events[key][0] = replace(ev, count=ev.count + 1, last=when or ev.last)
+            events[key][1] = n  # the latest occurrence decides whether it is current
+            continue
+        events[key] = [KernelEvent(pci=pci, xid=xid, detail=detail, first=when, last=when, gpu_instance=gi), n]
+        order.append(key)
+    out = []
+    for key in order:
+        ev, n = events[key]
+        current = n > init_all and n > init_gpu.get(ev.pci, -1)
+        keep_off, action, why = judge_xid(ev.xid, ev.detail, ev.pci in mig)
+        out.append(replace(ev, current=current, keep_off=keep_off, action=action, step=step_text(action), why=why))
+    return tuple(out), last_init
+
+
+_CAUSE_RE = re.compile(r"caused by previous Xid (\d+)", re.I)
+_RECOVERY_RE = re.compile(r"recovery action changed from .*? to (0x[0-9a-fA-F]+|\d+)", re.I)
+_FATAL_RE = re.compile(r"\b(non-?fatal|fatal)\b", re.I)
+
+
+def judge_xid(xid: int | None, detail: str = "", mig: bool = False) -> tuple[bool, str, str]:
+    """(keep the job off the GPU, the step's action, why) for one driver message.
+
+    The immediate action of NVIDIA's catalogue (catalogue.XIDS), read with what the line adds:
+    94/95's `RST: Yes` / `D-RST: Yes` (the driver's own verdict), 45's `caused by previous Xid N`,
+    154's new recovery action, 74's and 144-150's Fatal/Nonfatal (NVLink5 decode table: Fatal rows
+    are RESET_GPU, Nonfatal ones IGNORE), and 63/64 under MIG, where NVML cannot report remapped rows."""
+    if xid is None:  # fallen off the bus without a number: as Xid 79
+        return True, "RESTART_BM", "as Xid 79 (RESTART_BM)"
+    action, _ = XIDS.get(xid, (None, ""))
+    listed = f"Xid {xid}: {action}" if action else f"Xid {xid}: not in the catalogue"
+    if re.search(r"\bD-RST:\s*Yes", detail):
+        return True, "DRAIN_AND_RESET", f"{listed}; the driver says D-RST: Yes"
+    if re.search(r"(?<!D-)\bRST:\s*Yes", detail):
+        return True, "RESET_GPU", f"{listed}; the driver says RST: Yes"
+    if xid == 45:
+        # The cause is judged on its own line; 45 adds a verdict only for a cause that always keeps off.
+        cause = _CAUSE_RE.search(detail)
+        cause_action = XIDS.get(int(cause.group(1)), (None, ""))[0] if cause else None
+        if cause_action in STEPS:
+            return True, cause_action, f"{listed}, caused by Xid {cause.group(1)}: {cause_action}"
+        return False, "IGNORE", listed + (f", judged by the Xid {cause.group(1)} line" if cause else "")
+    if xid == 154:
+        m = _RECOVERY_RE.search(detail)
+        if not m:
+            return True, "CONTACT_SUPPORT", f"{listed}, naming no recovery action reconcile can read"
+        value = int(m.group(1), 0)
+        step = RECOVERY_ACTIONS.get(value, "CONTACT_SUPPORT")
+        return step is not None, step or "IGNORE", f"{listed}, recovery action {m.group(1)}"
+    if xid == 74 or 144 <= xid <= 150:
+        m = _FATAL_RE.search(detail)
+        if m and m.group(1).lower().startswith("non"):
+            return False, "IGNORE", f"{listed}, Nonfatal"
+        return True, "RESET_GPU", f"{listed}, " + ("Fatal" if m else "severity not stated")
+    if mig and xid == 63:
+        # A row remap is pending until reset, and NVML cannot report remapped rows with MIG on.
+        return True, "RESET_GPU", f"{listed}; with MIG on it stands for a pending row remap"
+    if action == "WORKFLOW_XID_48":
+        return True, "RESET_GPU", listed
+    if action in HARMLESS:
+        return False, action, listed
+    if action in STEPS:
+        return True, action, listed
+    # Not in the catalogue, or no action yet (162-172): never ok.
+    return True, "CONTACT_SUPPORT", f"{listed}" + ("" if action is None and xid not in XIDS else ", no action yet")

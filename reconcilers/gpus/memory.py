@@ -1,0 +1,177 @@
+"""Who holds GPU memory outside `allow`, and how to free it (pure: observed data in, plan out).
+
+Memory the GPU cannot report (`[N/A]` in nvidia-smi, NOT_SUPPORTED from NVML: the unified
+memory of GB10/DGX Spark and Grace) is never 0 MiB: the GPU is then judged from the memory its
+processes are reported to hold, and when one of them does not report it (or the process lists
+cannot be read) the memory is `unknown` and the plan is blocked saying why.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ...pipeline.contract import Action, Context
+from .observed import MIB, Gpu, GpusObserved, Holder
+
+UNKNOWN = "unknown"
+DEFAULT_GRACE = 10.0
+
+
+def allowed(holder: Holder, allow: Sequence[str]) -> bool:
+    for entry in allow:
+        if entry.startswith("unit:"):
+            if holder.unit and fnmatch.fnmatchcase(holder.unit, entry[5:]):
+                return True
+        elif holder.visible and any(n and fnmatch.fnmatchcase(n, entry) for n in (holder.name, holder.exe)):
+            return True
+    return False
+
+
+def counted_used(gpu: Gpu, holders: Sequence[Holder], allow: Sequence[str]) -> int | None:
+    """The GPU's memory in use that `allow` does not cover; None when it cannot be known.
+
+    The GPU reports its use: that, minus what allowed holders are known to hold on it. It does not:
+    the sum of what the other processes hold, if every one of them reports it."""
+    if gpu.memory_used is not None:
+        expected = sum(u.used_bytes or 0 for h in holders if allowed(h, allow) for u in h.uses if u.gpu == gpu.index)
+        return max(0, gpu.memory_used - expected)
+    if not gpu.processes_listed:
+        return None
+    others = [u.used_bytes for h in holders if not allowed(h, allow) for u in h.uses if u.gpu == gpu.index]
+    if any(b is None for b in others):
+        return None
+    return sum(b for b in others if b is not None)
+
+
+def mib(n: int) -> str:
+    return f"{n // MIB}MiB"
+
+
+def _gpu_list(idx: Sequence[int]) -> str:
+    idx = sorted(set(idx))
+    if len(idx) > 2 and idx == list(range(idx[0], idx[-1] + 1)):
+        return f"GPUs {idx[0]}-{idx[-1]}"
+    return ("GPU " if len(idx) == 1 else "GPUs ") + ",".join(str(i) for i in idx)
+
+
+def holding(h: Holder, gpus: Sequence[int]) -> str:
+    uses = [u for u in h.uses if u.gpu in gpus]
+    known = [u.used_bytes for u in uses if u.used_bytes is not None]
+    if not known:
+        what = ", ".join(h.device_files) if h.device_files else "memory"
+        return f"holding {what} on {_gpu_list([u.gpu for u in uses])} (memory not reported by NVML)"
+    each = set(known)
+    amount = mib(known[0]) + (" each" if len(known) > 1 else "") if len(each) == 1 else f"{mib(sum(known))} in all"
+    return f"holding {amount} on {_gpu_list([u.gpu for u in uses])}"
+
+
+def _killable(h: Holder, globs: Sequence[str]) -> bool:
+    return any(n and fnmatch.fnmatchcase(n, g) for g in globs for n in (h.name, h.exe))
+
+
+def _why_unknown(g: Gpu, holders: Sequence[Holder], allow: Sequence[str]) -> str:
+    if g.lost or not g.processes_listed:
+        return (f"GPU {g.index}: its memory and who holds it cannot be read ({g.lost or 'the process lists failed'}): "
+                "nothing was signalled")
+    silent = [h for h in holders if not allowed(h, allow)
+              for u in h.uses if u.gpu == g.index and u.used_bytes is None]
+    who = ", ".join(f"{h.label()}" + (f" ({', '.join(h.device_files)})" if h.device_files else "") for h in silent)
+    return (f"GPU {g.index} reports no memory use (NOT_SUPPORTED: unified memory?) and {who} hold"
+            f"{'s' if len(silent) == 1 else ''} it without reporting how much: cannot tell whether it is over "
+            "max_memory_used; nothing was signalled")
+
+
+def memory_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[str], ctx: Context
+                ) -> tuple[list[Action], list[str], list[str]]:
+    """(actions, notes, blocked) for the GPUs over `max_memory_used`."""
+    allow = spec.get("allow", ())
+    free = spec.get("free_with") or {}
+    actions: list[Action] = []
+    notes: list[str] = []
+    blocked: list[str] = []
+    over_all = [g for g in observed.gpus if f"gpu{g.index}.memory_used" in fields]
+    if not over_all:
+        return actions, notes, blocked
+    used = {g.index: counted_used(g, observed.holders, allow) for g in over_all}
+    blocked.extend(_why_unknown(g, observed.holders, allow) for g in over_all if used[g.index] is None)
+    over = [g for g in over_all if used[g.index] is not None]
+    limit = spec["max_memory_used"]
+    over_idx = {g.index for g in over}
+    others = [h for h in observed.holders if not allowed(h, allow)]
+    # Memory no listed process accounts for: device-file holders are then suspects too.
+    unexplained = {}
+    for g in over:
+        known = sum(u.used_bytes or 0 for h in others for u in h.uses if u.gpu == g.index)
+        unexplained[g.index] = (used[g.index] or 0) - known
+    suspects = []
+    for h in others:
+        hit = [u.gpu for u in h.uses if u.gpu in over_idx
+               and ((u.used_bytes or 0) > 0 or (u.used_bytes is None and unexplained[u.gpu] > limit))]
+        if hit:
+            suspects.append((h, sorted(set(hit))))
+    seen_units: set[str] = set()
+    for h, hit in suspects:
+        what = f"{h.label()} {holding(h, hit)}"
+        if not h.visible:
+            blocked.append(f"pid {h.pid} {holding(h, hit)} is not visible from here (another PID "
+                           "namespace or container?): free it where it runs")
+        elif h.pid <= 1 or h.pid == os.getpid():
+            blocked.append(f"{what}: PID 1 and reconcile itself are never signalled")
+        elif h.unit and free.get("stop_units"):
+            if h.unit in seen_units:
+                continue
+            seen_units.add(h.unit)
+            declared = ctx.resources.get(f"unit:{h.unit}")
+            if declared is not None and declared.spec.get("active") is False:
+                notes.append(f"{what}: freed by unit:{h.unit} (declared active: false, acted on first)")
+            elif declared is not None:
+                blocked.append(f"{what} belongs to {h.unit}, which the state declares active: add "
+                               f"unit:{h.unit} to gpus.allow or declare it active: false")
+            else:
+                actions.append(Action("stop", h.unit, f"stop unit {h.unit} ({what})", {"unit": h.unit}))
+        elif _killable(h, free.get("kill", ())):
+            verb = f"terminate {h.pid} ({h.name}) {holding(h, hit)}"
+            if h.unit:
+                verb += f" [in {h.unit}: with Restart= it may come back; stop_units is off]"
+            actions.append(Action("terminate", f"pid {h.pid}", verb, {
+                "pid": h.pid, "name": h.name, "starttime": h.starttime,
+                "grace": free.get("grace", DEFAULT_GRACE)}))
+        else:
+            where = f" in {h.unit}" if h.unit else ""
+            blocked.append(f"{what}{where} is not in gpus.allow"
+                           + (" and stop_units is off" if h.unit else "")
+                           + " nor matched by free_with.kill: nothing was signalled")
+    unmapped = [g.index for g in observed.gpus if g.minor is None]
+    for g in over:
+        # Still over the limit with every listed holder gone, and no device-file holder to blame.
+        if unexplained[g.index] > limit and not any(
+                u.used_bytes is None and u.gpu == g.index for h, _ in suspects for u in h.uses):
+            why = "NVML lists none and no process has its device file open"
+            if g.index in unmapped:
+                why = ("NVML lists none, and its minor number is unknown, so no device file can be tied to it "
+                       "(no holder of a device file is signalled)")
+            blocked.append(f"GPU {g.index}: {mib(unexplained[g.index])} held by no process visible here ({why})")
+    return actions, notes, blocked
+
+
+def memory_lines(observed: GpusObserved, spec: Mapping[str, Any]) -> list[str]:
+    """`GPU i: used / total (counted), health` for each GPU."""
+    lines = []
+    for g in observed.gpus:
+        counted = counted_used(g, observed.holders, spec.get("allow", ()))
+        used = ("memory not readable" if g.lost or g.read_errors else "memory not reported") \
+            if g.memory_used is None else mib(g.memory_used)
+        total = "" if g.memory_total is None else f" / {mib(g.memory_total)}"
+        if counted is None:
+            extra = " (counted: unknown)"
+        elif counted != g.memory_used:
+            extra = f" ({mib(counted)} counted)"
+        else:
+            extra = ""
+        mig = f", MIG with {len(g.mig_instances)} GPU instances" if g.mig else ""
+        verdict = f"{g.health}: {g.step}" if g.step else g.health
+        lines.append(f"GPU {g.index}: {used}{total}{extra}{mig}, {verdict}")
+    return lines

@@ -1,0 +1,138 @@
+/* The fake's field values, clock-event reasons, PCIe, NVLink, VBIOS, persistence mode and MIG
+ * (fakenvml.c documents the configuration). */
+#include <string.h>
+
+#include "fakenvml.h"
+
+/* Field values: 230 recovery action, 91 NVLink link count, 1 ECC mode; others NOT_SUPPORTED per field. */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t *values) {
+    fake_gpu *g = as_gpu(dev);
+    CHECK(g, "fields");
+    if (!values || count < 0) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < count; i++) {
+        nvmlFieldValue_t *v = &values[i];
+        v->timestamp = 0;
+        v->latencyUsec = 0;
+        v->valueType = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT */
+        v->nvmlReturn = NVML_SUCCESS;
+        v->value.ullVal = 0;
+        if (v->fieldId == 230 && !unsupported(g, "recovery")) v->value.uiVal = g->recovery;
+        else if (v->fieldId == 91 && g->nlinks >= 0) v->value.uiVal = (unsigned)g->nlinks;
+        else if (v->fieldId == 1 && !unsupported(g, "ecc")) v->value.uiVal = 1;
+        else v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+    }
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long *reasons) {
+    fake_gpu *g = as_gpu(dev);
+    CHECK(g, "clocks");
+    if (unsupported(g, "clocks")) return NVML_ERROR_NOT_SUPPORTED;
+    *reasons = g->clocks_event;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *reasons) {
+    return nvmlDeviceGetCurrentClocksEventReasons(dev, reasons);
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t dev, unsigned long long *reasons) {
+    fake_gpu *g = as_gpu(dev);
+    CHECK(g, "clocks");
+    if (unsupported(g, "clocks")) return NVML_ERROR_NOT_SUPPORTED;
+    *reasons = g->clocks_supported;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t pcie(nvmlDevice_t dev, int which, unsigned *out) {
+    fake_gpu *g = as_gpu(dev);
+    CHECK(g, "pcie");
+    if (unsupported(g, "pcie")) return NVML_ERROR_NOT_SUPPORTED;
+    *out = g->pcie[which];
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t dev, unsigned *gen) { return pcie(dev, 0, gen); }
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned *gen) { return pcie(dev, 1, gen); }
+nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(nvmlDevice_t dev, unsigned *gen) { return pcie(dev, 2, gen); }
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t dev, unsigned *width) { return pcie(dev, 3, width); }
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t dev, unsigned *width) { return pcie(dev, 4, width); }
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t dev, unsigned link, unsigned *active) {
+    fake_gpu *g = as_gpu(dev);
+    CHECK(g, "nvlink");
+    if (g->nlinks < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= (unsigned)g->nlinks) return NVML_ERROR_INVALID_ARGUMENT;
+    *active = (unsigned)g->links[link];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetVbiosVersion(nvmlDevice_t dev, char *version, unsigned length) {
+    fake_gpu *g = as_gpu(dev);
+    CHECK(g, "vbios");
+    if (unsupported(g, "vbios")) return NVML_ERROR_NOT_SUPPORTED;
+    return copy_str(g->vbios, version, length);
+}
+
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t dev, unsigned *mode) {
+    fake_gpu *g = as_gpu(dev);
+    CHECK(g, "persistence");
+    if (unsupported(g, "persistence")) return NVML_ERROR_NOT_SUPPORTED;
+    *mode = g->persistence;
+    return NVML_SUCCESS;
+}
+
+/* --- MIG ------------------------------------------------------------------------------ */
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned *current, unsigned *pending) {
+    fake_gpu *g = as_gpu(dev);
+    CHECK(g, "mig");
+    if (unsupported(g, "mig")) return NVML_ERROR_NOT_SUPPORTED;
+    *current = *pending = (unsigned)(g->mig != 0);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t dev, unsigned *count) {
+    fake_gpu *g = as_gpu(dev);
+    CHECK(g, "mig");
+    if (unsupported(g, "mig")) return NVML_ERROR_NOT_SUPPORTED;
+    *count = g->mig ? 7 : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned index, nvmlDevice_t *mig) {
+    fake_gpu *g = as_gpu(dev);
+    CHECK(g, "mig");
+    if (!g->mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (index >= (unsigned)g->nmig) return NVML_ERROR_NOT_FOUND;
+    *mig = &g->migs[index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t dev, unsigned *is_mig) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    *is_mig = as_mig(dev) != NULL;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t dev, unsigned *id) {
+    fake_mig *m = as_mig(dev);
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT; /* not a MIG device handle */
+    *id = m->gi;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t dev, unsigned *id) {
+    fake_mig *m = as_mig(dev);
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = m->ci;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t dev, nvmlDevice_t *parent) {
+    fake_mig *m = as_mig(dev);
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    *parent = m->parent;
+    return NVML_SUCCESS;
+}
