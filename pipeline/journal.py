@@ -45,7 +45,7 @@ class Journal:
         if not self._opened:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         # O_APPEND writes of one line are not interleaved with another writer's.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)  # read: the torn-line check
         try:
             if not self._opened:
                 line = self._after_torn_line(fd) + line
