@@ -243,3 +243,22 @@ def _first_to_end(procs):
 
 def _outputs(procs) -> str:
     return " | ".join(f"rc={p.poll()}" for p in procs)
+
+
+def test_a_full_disk_under_the_journal_refuses_to_act(nsystemd, tmp_path):
+    """ENOSPC on the journal (here /dev/full): nothing is done without a record."""
+    nsystemd.write_unit("k-full.service", service("full"))
+    nsystemd.systemctl("start", "k-full.service", check=True)
+    state = tmp_path / "state.yaml"
+    state.write_text("version: 1\nunits:\n  k-full.service:\n    active: false\n")
+    journal = tmp_path / "j" / "journal.jsonl"
+    journal.parent.mkdir()
+    journal.symlink_to("/dev/full")
+    proc = nsystemd.run(reconcile_argv("apply", str(state), "--journal", str(journal), "--format", "json"),
+                        env=cli_env(tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    [res] = json.loads(proc.stdout)["resources"]
+    assert res["status"] == "error"
+    assert [(a["action"], a["result"]) for a in res["actions"]] == [("stop", "failed")]
+    assert "not carried out: the journal cannot be written (No space left on device)" in res["actions"][0]["message"]
+    assert nsystemd.systemctl("is-active", "k-full.service").stdout.strip() == "active"  # untouched
