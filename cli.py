@@ -42,22 +42,32 @@ def resolve_state_file(given: str | None) -> str:
 STATE_LABEL = "reconcile.state_label"  # click context meta key, set by --state-label
 
 
-def load_state(path: str, prefetch=None):
+def load_state(path: str, prefetch=None, fmt: str = "text", command: str = "diff", dry_run: bool = False):
     """Load and validate FILE; `-` reads the state from stdin (as a remote target does), shown in
     messages as --state-label NAME (default `<stdin>`), so errors point into the user's own file.
-    `prefetch` (engine.Prefetch) starts observing kinds as they are built."""
+    `prefetch` (engine.Prefetch) starts observing kinds as they are built. A bad state file is one
+    line per problem on stderr, and for --format json/junit also an error report on stdout (CI
+    stores it: never a 0-byte report)."""
     from .pipeline.statefile import StateFileError, load
+    from .pipeline.statefile.positions import LIMITS
 
+    label = path
     try:
         if path == "-":
             ctx = click.get_current_context(silent=True)
             label = (ctx.meta.get(STATE_LABEL) if ctx else None) or "<stdin>"
-            return load(label, text=sys.stdin.buffer.read(), on_kind=prefetch)
+            # One byte past the limit at most: `reconcile diff - < /dev/zero` is an error, not a MemoryError.
+            return load(label, text=sys.stdin.buffer.read(LIMITS.max_bytes + 1), on_kind=prefetch)
         return load(path, on_kind=prefetch)
     except StateFileError as exc:
         for problem in exc.problems:
             click.echo(problem, err=True)
-        sys.exit(EXIT_ERROR)
+        if fmt != "text":
+            from .pipeline.report import error_report
+            from .views import render
+
+            render(error_report(command, label, exc.problems, dry_run=dry_run), fmt)
+        exit_now(EXIT_ERROR)
 
 
 def parse_duration_option(value: str, flag: str) -> float:
@@ -73,7 +83,41 @@ def parse_duration_option(value: str, flag: str) -> float:
 FORMATS = click.Choice(["text", "json", "junit"])
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class ReconcileGroup(click.Group):
+    """Exit codes are a contract (0 ok, 1 error, 2 drift): a usage mistake is an error, exit 1 with
+    one line, never click's exit 2, which a CI audit would read as drift. Any exception that escapes
+    a command is one line `reconcile: internal error: ...` and exit 1; RECONCILE_DEBUG=1 shows the
+    traceback."""
+
+    def main(self, args=None, prog_name=None, **extra):  # noqa: D102
+        try:
+            code = super().main(args, prog_name or "reconcile", standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            cmd = exc.ctx.command_path if exc.ctx else "reconcile"
+            if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:  # bare `reconcile`
+                click.echo(exc.ctx.get_help(), err=True)
+                sys.exit(EXIT_ERROR)
+            click.echo(f"reconcile: error: {exc.format_message()} (see '{cmd} --help')", err=True)
+            code = EXIT_ERROR
+        except click.ClickException as exc:
+            click.echo(f"reconcile: error: {exc.format_message()}", err=True)
+            code = EXIT_ERROR
+        except click.Abort:
+            click.echo("reconcile: error: interrupted", err=True)
+            code = EXIT_ERROR
+        except KeyboardInterrupt:
+            code = 130
+        except Exception as exc:
+            if os.environ.get("RECONCILE_DEBUG"):
+                raise
+            text = str(exc).replace("\n", " ")[:500]
+            click.echo(f"reconcile: internal error: {type(exc).__name__}: {text} "
+                       "(set RECONCILE_DEBUG=1 for the traceback)", err=True)
+            code = EXIT_ERROR
+        sys.exit(code if isinstance(code, int) else EXIT_OK)
+
+
+@click.group(cls=ReconcileGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", message=f"reconcile %(version)s (report format {FORMAT_VERSION})")
 def main() -> None:
     """Declarative state reconciliation for GPU / ML hosts.
@@ -84,7 +128,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True)
 def validate(files: tuple[str, ...]) -> None:
     """Check state FILES; print FILE:LINE:COL: message for each problem."""
     from .pipeline.statefile import StateFileError, load
@@ -193,7 +237,7 @@ def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) -> Non
     from .views import render
 
     prefetch = Prefetch()  # kinds observed in children start while the state is being built
-    state = load_state(resolve_state_file(file), prefetch)
+    state = load_state(resolve_state_file(file), prefetch, fmt)
     report = Engine(state, prefetch.host, prefetch=prefetch).diff()
     render(report, fmt, verbose=verbose)
     if out_path:
@@ -270,7 +314,7 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     # Observing may start while the state is built only when nothing will be changed: apply
     # proper observes after taking its lock, so it never acts on what another apply changed.
     prefetch = Prefetch() if dry_run else None
-    state = load_state(path, prefetch)
+    state = load_state(path, prefetch, fmt, "apply", dry_run)
     if prefetch is not None:
         report = Engine(state, prefetch.host, prefetch=prefetch).diff(command="apply")
         render(report, fmt, verbose=verbose)

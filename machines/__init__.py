@@ -43,6 +43,8 @@ def run_elsewhere(command: str, file: str | None, fmt: str, verbose: bool, opts:
         return 1
     except RemoteFailed as exc:
         click.echo(exc.stderr, err=True, nl=False)
+        if exc.report is not None and fmt != "text":
+            render(exc.report, fmt)
         return 1
     render(doc, fmt, verbose=verbose)
     return int(doc.get("exit_code", 1))

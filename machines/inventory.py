@@ -66,21 +66,19 @@ def load_inventory(path: str) -> Inventory:
     """Read and validate; problems as `FILE:LINE:COL: message` lines (StateFileError), like state files."""
     import jsonschema
 
-    from ..pipeline.statefile.positions import parse_yaml
+    from ..pipeline.statefile.positions import decode, parse_yaml, read_bounded
     from ..pipeline.statefile.schema import format_checker, message_for
     from ..pipeline.values import parse_duration
 
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise StateFileError([f"{path}:1:1: no such file"]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StateFileError([f"{path}:1:1: cannot read: {getattr(exc, 'strerror', None) or exc}"]) from None
+    text = decode(read_bounded(path, path), path)  # bounded, UTF-8, problems with positions
     data, pos = parse_yaml(text, path)
     if not isinstance(data, dict):
         raise StateFileError([f"{path}:1:1: expected a mapping with 'version: 1' and 'hosts'"])
     schema = json.loads(Path(SCHEMA_DIR, "inventory.schema.json").read_text())
-    validator = jsonschema.Draft202012Validator(schema, format_checker=format_checker())
+    types = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool))
+    validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=types)(
+        schema, format_checker=format_checker())
     found = sorted({message_for(e, pos) for e in validator.iter_errors(data)})
     problems = [f"{path}:{line}:{col}: {msg}" for (line, col), msg in found]
     if problems:

@@ -51,9 +51,10 @@ class RemoteFailed(Exception):
     """The far side's reconcile refused the request (bad state file, lock held, wrong host):
     its stderr, passed through as it is."""
 
-    def __init__(self, stderr: str):
+    def __init__(self, stderr: str, report: dict[str, Any] | None = None):
         super().__init__(stderr)
         self.stderr = stderr
+        self.report = report  # the far side's error report (a bad state file), for --format json/junit
 
 
 # --- targets -----------------------------------------------------------------------------
@@ -291,6 +292,8 @@ def execute(target: Target, request: Request, info: RemoteInfo | None = None) ->
                               "reconverge (--lock-timeout waits for an apply still running there)") from None
         raise RemoteError(f"{target.name}: {request.command} did not finish within {request.timeout:g}s") from None
     doc = _json_object(out.stdout)
+    if doc is not None and doc.get("problems"):  # the state file is bad: its lines, as a local run prints them
+        raise RemoteFailed(out.stderr, report=doc)
     if doc is not None and "exit_code" in doc and "resources" in doc:
         return doc
     if out.returncode == 1 and not out.stdout.strip():
@@ -307,16 +310,17 @@ def read_state(path: str) -> bytes:
     """The state file's bytes, read here; the target validates them. Errors as the loader words them."""
     import sys
 
-    if path == "-":
-        return sys.stdin.buffer.read()
+    from ..pipeline.statefile import StateFileError
+    from ..pipeline.statefile.positions import LIMITS, check_size, read_bounded
+
     try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
-        raise RemoteFailed(f"{path}:1:1: no such file\n") from None
-    except IsADirectoryError:
-        raise RemoteFailed(f"{path}:1:1: is a directory, not a state file\n") from None
-    except OSError as exc:
-        raise RemoteFailed(f"{path}:1:1: cannot read: {exc.strerror}\n") from None
+        if path == "-":  # at most one byte past the limit: /dev/zero is an error, not a MemoryError
+            raw = sys.stdin.buffer.read(LIMITS.max_bytes + 1)
+            check_size(raw, path)
+            return raw
+        return read_bounded(path, path)
+    except StateFileError as exc:
+        raise RemoteFailed("".join(p + "\n" for p in exc.problems)) from None
 
 
 def resolve_state_file(given: str | None, info: RemoteInfo, target: Target) -> str:

@@ -147,6 +147,8 @@ class Engine:
         self.clock = clock
         self._reconcilers: dict[str, Reconciler] = {}
         self.ctx = Context(resources=state.by_id)
+        self.run_id = os.urandom(6).hex()  # ties a run's journal lines together
+        self.journal_error = ""
 
     def reconciler(self, resource: Resource) -> Reconciler:
         key = key_of(resource.kind)
@@ -356,17 +358,36 @@ class Engine:
             before = to_plain(obs)
             pass_results = []
             for action in actions:
+                # The journal is the recovery timeline: each action's intent is on disk before it
+                # starts and its result when it ends, so after a kill -9 the journal says what may
+                # have been done. An intent that cannot be written refuses the action.
                 t0 = self.clock()
+                refused_by = self.journal_error or self._write(self._line("intent", r, action, t0, before=before))
+                if refused_by:
+                    pass_results.append(ActionResult(action, Result.FAILED, f"not carried out: {refused_by}",
+                                                     t0, self.clock()))
+                    failure = f"{action.action} {action.target} not carried out: {refused_by}"
+                    break
                 try:
                     msg = rec.apply(self.host, r, action)
-                    pass_results.append(ActionResult(action, Result.DONE, msg or "", t0, self.clock()))
+                    done = ActionResult(action, Result.DONE, msg or "", t0, self.clock())
                 except (ApplyError, PermissionError, OSError) as exc:
-                    pass_results.append(ActionResult(action, Result.FAILED, str(exc), t0, self.clock()))
+                    done = ActionResult(action, Result.FAILED, str(exc), t0, self.clock())
                     failure = f"{action.action} {action.target} failed: {exc}"
+                lost = self._write(self._line("result", r, action, done.finished, started=t0,
+                                              result=done.result.value, message=done.message))
+                if lost:  # carried out, but not recorded: said loudly, and nothing more is done
+                    done = replace(done, message="; ".join(m for m in (done.message, f"result not journaled: {lost}")
+                                                           if m))
+                    failure = failure or f"{action.action} {action.target} was carried out but {lost}"
+                pass_results.append(done)
+                if failure:
                     break
             obs = self._verify(r)
             after = None if isinstance(obs, ObserveError) else to_plain(obs)
-            self._journal(r, pass_results, before, after)
+            if pass_results and not self.journal_error:
+                self._write({"event": "verified", "time": utc_iso(self.clock(), millis=True), "run": self.run_id,
+                             "resource": r.id, "after": after})
             results.extend(pass_results)
             # Actions the failed one would have been followed by are reported as skipped.
             if failure:
@@ -384,7 +405,9 @@ class Engine:
         if not results:
             return self._report(r, obs), False
         report = self._report(r, obs, results, extra="; ".join(m for m in (failure, refused) if m))
-        if report.status is Status.OK and failure:
+        if self.journal_error and failure:
+            report = replace(report, status=Status.ERROR)
+        elif report.status is Status.OK and failure:
             report = replace(report, status=Status.DRIFT)
         elif report.status is Status.DRIFT and (changed or failure):
             report = replace(report, message="; ".join(
@@ -404,22 +427,22 @@ class Engine:
                 return obs
             time.sleep(min(SETTLE_POLL, max(0.0, deadline - time.monotonic())))
 
-    def _journal(self, r: Resource, results: Sequence[ActionResult], before: Any, after: Any) -> None:
-        if not self.journal:
-            return
-        for res in results:
-            self.journal({
-                "time": utc_iso(res.finished or self.clock(), millis=True),
-                "started": utc_iso(res.started, millis=True) if res.started else None,
-                "resource": r.id,
-                "action": res.action.action,
-                "target": res.action.target,
-                "description": res.action.description,
-                "result": res.result.value,
-                "message": res.message,
-                "before": before,
-                "after": after,
-            })
+    def _line(self, event: str, r: Resource, action: Action, when: float, **extra: Any) -> dict[str, Any]:
+        return {"event": event, "time": utc_iso(when, millis=True), "run": self.run_id, "pid": os.getpid(),
+                "resource": r.id, "action": action.action, "target": action.target,
+                "description": action.description, **{k: (utc_iso(v, millis=True) if k == "started" else v)
+                                                       for k, v in extra.items()}}
+
+    def _write(self, entry: dict[str, Any]) -> str:
+        """Append one journal line (the journal fsyncs it); the reason when it cannot be written,
+        which from then on refuses every further action of this run: nothing done without a record."""
+        if not self.journal or self.journal_error:
+            return self.journal_error
+        try:
+            self.journal(entry)
+        except OSError as exc:
+            self.journal_error = f"the journal cannot be written ({exc.strerror or exc})"
+        return self.journal_error
 
 
 @dataclass

@@ -44,6 +44,8 @@ from .values import format_value
 
 PLAN_FORMAT = "1"
 _SNIFF_BYTES = 4096
+MAX_PLAN_BYTES = 64 * 2**20  # a plan of 10,000 resources is a few MiB
+_STATUSES = ("ok", "drift", "converging", "blocked", "error")
 
 
 class PlanError(Exception):
@@ -123,30 +125,113 @@ def write_plan(doc: dict[str, Any], state_path: str, out: str | os.PathLike) -> 
 
 
 def is_saved_plan(path: str | os.PathLike) -> bool:
-    """A JSON object with a plan_format key; a state file (YAML, or JSON with `version`) is not."""
+    """A JSON object with a plan_format key; a state file (YAML, or JSON with `version`) is not.
+    Only the first bytes are read: a JSON object that mentions "plan_format" there is taken for a
+    plan, and load_plan says what is wrong with it."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(_SNIFF_BYTES)
-            if not head.lstrip().startswith(b"{"):
-                return False
-            doc = json.loads(head + fh.read())
-    except (OSError, ValueError):
+    except OSError:
         return False
-    return isinstance(doc, dict) and "plan_format" in doc
+    return head.lstrip().startswith(b"{") and b'"plan_format"' in head
 
 
 def load_plan(path: str | os.PathLike) -> dict[str, Any]:
+    """The saved plan, checked whole before anything is done: its shape, and that it matches itself
+    (check_plan). PlanError otherwise."""
     try:
-        plan = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"cannot read the saved plan {path}: {exc}") from None
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_PLAN_BYTES + 1)
+        if len(raw) > MAX_PLAN_BYTES:
+            raise PlanError(f"refusing the saved plan {path}: larger than {MAX_PLAN_BYTES // 2**20} MiB")
+        plan = json.loads(raw)
+    except OSError as exc:
+        raise PlanError(f"cannot read the saved plan {path}: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise PlanError(f"cannot read the saved plan {path}: not JSON ({str(exc).splitlines()[0][:200]})") from None
+    if not isinstance(plan, dict):
+        raise PlanError(f"refusing the saved plan {path}: not a JSON object")
     if plan.get("plan_format") != PLAN_FORMAT:
-        raise PlanError(f"{path}: plan format {plan.get('plan_format')!r} is not one this reconcile reads "
+        shown = plan.get("plan_format")
+        shown = shown if isinstance(shown, (str, int, float, bool, type(None))) else type(shown).__name__
+        raise PlanError(f"{path}: plan format {shown!r} is not one this reconcile reads "
                         f"({PLAN_FORMAT!r}); make the plan again with this version")
     for key in ("state_file", "host", "fingerprints", "report"):
         if key not in plan:
             raise PlanError(f"{path}: not a complete saved plan (no {key!r})")
+    problems = check_plan(plan)
+    if problems:
+        raise PlanError(f"refusing the saved plan {path}: it does not match itself (edited or damaged?); "
+                        f"make it again with `reconcile diff --out {path}`\n" + "\n".join(f"  {p}" for p in problems))
     return plan
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def check_plan(plan: Mapping[str, Any], limit: int = 10) -> list[str]:
+    """What is wrong with a plan's shape, and where its actions and drift do not match its own
+    fingerprints (each resource's is the hash of its decision), its ids or its summary: a plan
+    whose actions were edited, retargeted, added, reordered or given another verb is refused whole."""
+    problems: list[str] = []
+    sf = plan.get("state_file")
+    if not (isinstance(sf, dict) and _is_str(sf.get("path")) and _is_str(sf.get("sha256"))):
+        problems.append("state_file: expected {path, sha256} strings")
+    if not _is_str(plan.get("host")):
+        problems.append("host: expected a string")
+    fps = plan.get("fingerprints")
+    if not (isinstance(fps, dict) and all(_is_str(v) for v in fps.values())):
+        problems.append("fingerprints: expected a mapping of resource id to sha256")
+        fps = {}
+    report = plan.get("report")
+    resources = report.get("resources") if isinstance(report, dict) else None
+    if not isinstance(resources, list):
+        return problems + ["report.resources: expected a list"]
+    seen: set[str] = set()
+    planned = 0
+    for i, res in enumerate(resources):
+        where = f"report.resources[{i}]"
+        shape = _resource_shape(res)
+        if shape:
+            problems.append(f"{where}: {shape}")
+            continue
+        rid = res["id"]
+        if rid in seen:
+            problems.append(f"{where}: {rid} appears twice")
+        seen.add(rid)
+        planned += sum(1 for a in res.get("actions", []) if a.get("result") == "planned")
+        if any(a.get("result") != "planned" for a in res.get("actions", [])):
+            problems.append(f"{rid}: an action of a saved plan is 'planned', not carried out")
+        if fps.get(rid) != fingerprint(res):
+            problems.append(f"{rid}: its status, drift or actions do not match its fingerprint")
+    for rid in set(fps) - seen:
+        problems.append(f"{rid}: has a fingerprint but is not in the report")
+    summary = report.get("summary") if isinstance(report, dict) else None
+    if not (isinstance(summary, dict) and summary.get("actions_planned") == planned):
+        problems.append(f"report.summary.actions_planned: expected {planned}, the planned actions listed")
+    more = len(problems) - limit
+    return problems[:limit] + ([f"(+{more} more)"] if more > 0 else [])
+
+
+def _resource_shape(res: Any) -> str:
+    if not isinstance(res, dict):
+        return "expected a mapping"
+    if not (_is_str(res.get("id")) and _is_str(res.get("kind"))):
+        return "expected id and kind strings"
+    if res.get("status") not in _STATUSES:
+        return f"status: expected one of {', '.join(_STATUSES)}"
+    drift, actions = res.get("drift", []), res.get("actions", [])
+    if not (isinstance(drift, list) and all(isinstance(d, dict) and _is_str(d.get("field")) and "want" in d
+                                             and "have" in d for d in drift)):
+        return "drift: expected a list of {field, want, have}"
+    if not (isinstance(actions, list) and all(isinstance(a, dict) and _is_str(a.get("action"))
+                                               and _is_str(a.get("target")) and isinstance(a.get("params", {}), dict)
+                                               for a in actions)):
+        return "actions: expected a list of {action, target, params}"
+    if "message" in res and not _is_str(res["message"]):
+        return "message: expected a string"
+    return ""
 
 
 # --- comparing -------------------------------------------------------------------------
@@ -226,7 +311,7 @@ def apply_saved_plan(path: str, *, dry_run: bool = False, journal_path: str | No
     from .report import to_json
     from .statefile import StateFileError, load
 
-    plan = load_plan(path)
+    plan = load_plan(path)  # checked whole, against itself, before anything is done
     state_path = plan["state_file"]["path"]
     made = f"made {plan.get('created', '?')}"
     try:

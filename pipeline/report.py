@@ -102,3 +102,47 @@ def to_json(report: RunReport) -> dict[str, Any]:
         "summary": summary,
         "notes": list(report.notes),
     }
+
+
+def parse_problem(problem: str, label: str) -> dict[str, Any]:
+    """`FILE:LINE:COL: message` -> {"file", "line", "column", "message", "text"}."""
+    import re
+
+    rest = problem[len(label) + 1:] if problem.startswith(label + ":") else None
+    m = re.match(r"(\d+):(\d+): (.*)", rest or "", re.S)
+    if rest is None or not m:
+        m2 = re.match(r"(.*?):(\d+):(\d+): (.*)", problem, re.S)
+        if not m2:
+            return {"file": label, "line": 1, "column": 1, "message": problem, "text": problem}
+        return {"file": m2.group(1), "line": int(m2.group(2)), "column": int(m2.group(3)),
+                "message": m2.group(4), "text": problem}
+    return {"file": label, "line": int(m.group(1)), "column": int(m.group(2)), "message": m.group(3),
+            "text": problem}
+
+
+def error_report(command: str, state_file: str, problems: list[str], dry_run: bool = False,
+                 host: str | None = None) -> dict[str, Any]:
+    """The JSON report of a run that could not start because its input is bad: no resources,
+    exit_code 1, and `problems`, each with its position (report.schema.json). Consumers that only
+    read `exit_code`, `resources` and `summary` see an error with nothing observed."""
+    import os
+    import time
+
+    now = time.time()
+    return {
+        "format_version": FORMAT_VERSION,
+        "reconcile_version": __version__,
+        "command": command,
+        "dry_run": dry_run,
+        "state_file": state_file,
+        "host": host or os.uname().nodename,
+        "host_pattern": None,
+        "host_matches": True,
+        "started": now,
+        "duration_s": 0.0,
+        "exit_code": 1,
+        "resources": [],
+        "summary": {**{s: 0 for s in STATUSES}, "actions_planned": 0, "actions_done": 0, "actions_failed": 0},
+        "notes": [f"{state_file} is not a valid state file: nothing was observed or changed"],
+        "problems": [parse_problem(p, state_file) for p in problems],
+    }

@@ -16,6 +16,10 @@ _PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# The largest values a state file may declare: past these a float overflows, a deadline is
+# never reached, or time.sleep/select refuse the number (OverflowError).
+MAX_SIZE = 2**63 - 1                  # bytes (8 EiB)
+MAX_DURATION = 3650 * 86400.0         # ten years, in seconds
 
 
 # systemd's own rules (unit_name_is_valid): a name, an optional @instance, a known suffix.
@@ -29,14 +33,19 @@ def parse_size(value: int | str) -> int:
     """'4TiB' -> bytes. Integers are bytes. Raises ValueError."""
     if isinstance(value, bool):
         raise ValueError(value)
+    if isinstance(value, float):
+        raise ValueError(value)  # bytes are whole: 1.5 bytes is a mistake, '1.5GiB' is not
     if isinstance(value, int):
-        if value < 0:
+        if value < 0 or value > MAX_SIZE:
             raise ValueError(value)
         return value
     m = _SIZE_RE.match(str(value))
     if not m:
         raise ValueError(value)
-    return int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").upper()])
+    n = float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").upper()]
+    if not n <= MAX_SIZE:  # also inf (a number of thousands of digits)
+        raise ValueError(value)
+    return int(n)
 
 
 def parse_size_or_percent(value: int | str) -> tuple[str, float]:
@@ -56,17 +65,20 @@ def parse_duration(value: int | float | str) -> float:
     if isinstance(value, bool):
         raise ValueError(value)
     if isinstance(value, (int, float)):
-        if value < 0:
+        if not 0 <= value <= MAX_DURATION:  # also nan and inf
             raise ValueError(value)
         return float(value)
     text = str(value).strip()
     if not _DURATION_RE.match(text):
         raise ValueError(value)
-    return sum(float(n) * _DURATION_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+    seconds = sum(float(n) * _DURATION_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+    if not seconds <= MAX_DURATION:
+        raise ValueError(value)
+    return seconds
 
 
 def is_unit_name(name: str) -> bool:
-    return len(name) <= 255 and bool(_UNIT_RE.match(name))
+    return len(name) <= 255 and bool(_UNIT_RE.fullmatch(name))  # fullmatch: `$` admits a trailing newline
 
 
 def format_bytes(n: float) -> str:

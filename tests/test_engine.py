@@ -4,6 +4,8 @@ so these rules are tested without touching a machine."""
 
 from __future__ import annotations
 
+import errno
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -97,10 +99,52 @@ def test_apply_converges_and_verifies():
     assert statuses(report) == {"toy:a": "ok"} and report.exit_code == 0
     # two passes: each step reveals the next
     assert WORLD["applied"] == ["a", "a"]
-    assert [(e["resource"], e["action"], e["before"], e["after"]) for e in log.entries] == [
-        ("toy:a", "step", {"level": 0}, {"level": 1}),
-        ("toy:a", "step", {"level": 1}, {"level": 2}),
+    # each action: its intent before it starts, its result when it ends, then what verification saw
+    assert [(e["event"], e["resource"], e.get("action"), e.get("before"), e.get("result"), e.get("after"))
+            for e in log.entries] == [
+        ("intent", "toy:a", "step", {"level": 0}, None, None),
+        ("result", "toy:a", "step", None, "done", None),
+        ("verified", "toy:a", None, None, None, {"level": 1}),
+        ("intent", "toy:a", "step", {"level": 1}, None, None),
+        ("result", "toy:a", "step", None, "done", None),
+        ("verified", "toy:a", None, None, None, {"level": 2}),
     ]
+    assert len({e["run"] for e in log.entries}) == 1
+
+
+class FailingJournal(ActionLog):
+    """A journal whose writes fail (ENOSPC) from the `fail_from`-th line on."""
+
+    def __init__(self, fail_from: int):
+        super().__init__()
+        self.fail_from = fail_from
+
+    def __call__(self, entry):
+        if len(self.entries) + 1 >= self.fail_from:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().__call__(entry)
+
+
+def test_an_intent_that_cannot_be_journaled_refuses_the_action():
+    log = FailingJournal(fail_from=1)
+    report = Engine(state(toy("a", want=1), toy("b", want=1)), Host(), journal=log).apply()
+    assert "applied" not in WORLD and log.entries == []  # nothing done without a record
+    assert statuses(report) == {"toy:a": "error", "toy:b": "error"} and report.exit_code == 1
+    for res in report.resources:
+        [act] = res.actions
+        assert act.result.value == "failed" and "journal cannot be written (No space left on device)" in act.message
+
+
+def test_a_result_that_cannot_be_journaled_is_said_loudly_and_stops_the_run():
+    log = FailingJournal(fail_from=2)  # the intent is written, the result is not
+    report = Engine(state(toy("a", want=1), toy("b", want=1)), Host(), journal=log).apply()
+    assert WORLD["applied"] == ["a"]  # a was carried out, b was not: its intent could not be written
+    assert [e["event"] for e in log.entries] == ["intent"]
+    a, b = report.resources
+    assert a.status.value == "error" and "result not journaled" in a.actions[0].message
+    assert a.actions[0].result.value == "done"
+    assert b.status.value == "error" and b.actions[0].message.startswith("not carried out")
+    assert report.exit_code == 1
 
 
 def test_passes_are_bounded():

@@ -86,7 +86,8 @@ def test_zero_byte_gz_and_safetensors_quarantined(tmp_path):
     assert moved["rows_0-10/data_3.ckpt"] == "empty file (0 bytes)"
     assert "truncated" in moved["rows_0-10/data_4.ckpt.gz"]
     assert (qdir / "rows_0-10" / "data_4.ckpt.gz").read_bytes() == gz_full[: len(gz_full) // 2]
-    journal = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    journal = [e for x in (tmp_path / "journal.jsonl").read_text().splitlines()
+               if (e := json.loads(x)).get("event") == "result"]
     assert [e["action"] for e in journal] == ["quarantine"]
 
     # Safetensors: a file one byte short is damaged.
@@ -252,7 +253,8 @@ def test_killed_job_quarantined_resumed_and_finished(nsystemd, tmp_path):
     # The job regenerated the quarantined sample, whole this time.
     assert zipfile.ZipFile(half).testzip() is None
     assert nsystemd.show(UNIT, "ActiveState") == "inactive"  # Type=exec job exited 0
-    journal = [json.loads(x) for x in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    journal = [e for x in (tmp_path / "journal.jsonl").read_text().splitlines()
+               if (e := json.loads(x)).get("event") == "result"]
     assert [(e["action"], e["result"]) for e in journal] == [("quarantine", "done"), ("start", "done")]
 
 

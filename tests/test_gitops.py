@@ -35,7 +35,7 @@ def test_printed_state_schema_is_valid_draft_2020_12_and_self_contained(tmp_path
 
     validator = jsonschema.Draft202012Validator(schema)
     for path in sorted((REPO / "states").glob("*.yaml")):
-        doc = YAML(typ="safe").load(path.read_text())
+        doc = YAML(typ="safe", pure=True).load(path.read_text())  # ruamel's YAML 1.2 parser, not libyaml's 1.1
         assert list(validator.iter_errors(doc)) == [], path
     bad = {"version": 1, "units": {"vllm.service": {"activ": False}}}
     assert [e.validator for e in validator.iter_errors(bad)] == ["additionalProperties"]
@@ -199,4 +199,5 @@ def test_post_merge_hook_applies_the_pulled_state(nsystemd, cli):  # noqa: F811
     assert "post-merge: reconcile apply states/kpro6-ct129.yaml" in out
     assert "post-merge: kpro6-ct129 matches states/kpro6-ct129.yaml" in out
     assert is_active(nsystemd, "t-pm.service") == "inactive"
-    assert [json.loads(line)["action"] for line in cli.journal.read_text().splitlines()] == ["stop"]
+    assert [e["action"] for e in map(json.loads, cli.journal.read_text().splitlines()) if e["event"] == "result"] == [
+        "stop"]

@@ -89,7 +89,8 @@ def test_stray_processes_terminated_even_one_ignoring_sigterm(tmp_path, fake_lib
     assert polite.wait(timeout=10) == -15 and stubborn.wait(timeout=10) == -9
     assert [g["used_mib"] for g in probe(fake_lib, config)] == [0, 0]
     assert "GPU0 0MiB / 97887MiB, GPU1 0MiB / 97887MiB" in gpus["summary"]
-    journal = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    journal = [e for line in (tmp_path / "journal.jsonl").read_text().splitlines()
+               if (e := json.loads(line)).get("event") == "result"]
     assert {e["action"] for e in journal} == {"terminate"} and all(e["result"] == "done" for e in journal)
 
 

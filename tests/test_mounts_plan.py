@@ -35,7 +35,7 @@ REC = MountsReconciler()
 def _cases() -> list[dict]:
     from ruamel.yaml import YAML
 
-    return YAML(typ="safe").load((DATA / "cases.yaml").read_text())
+    return YAML(typ="safe", pure=True).load((DATA / "cases.yaml").read_text())
 
 
 def _observed(case: dict, path: str) -> MountObserved:

@@ -78,15 +78,18 @@ def test_journal_has_one_line_per_action_in_order(nsystemd, cli):
     state = cli.state(SEED_STATE)
     assert cli("apply", str(state)).returncode == 0
     lines = [json.loads(line) for line in cli.journal.read_text().splitlines()]
-    assert [(e["resource"], e["action"], e["result"]) for e in lines] == [
-        (f"unit:{VLLM}", "disable", "done"), (f"unit:{VLLM}", "stop", "done")]
+    # each action: its intent (with what was observed before), its result; then what verification saw
+    assert [(e["event"], e["resource"], e.get("action"), e.get("result")) for e in lines] == [
+        ("intent", f"unit:{VLLM}", "disable", None), ("result", f"unit:{VLLM}", "disable", "done"),
+        ("intent", f"unit:{VLLM}", "stop", None), ("result", f"unit:{VLLM}", "stop", "done"),
+        ("verified", f"unit:{VLLM}", None, None)]
     for e in lines:
         assert e["time"].endswith("Z")
-        assert e["before"]["active_state"] == "active"
-        assert e["after"]["active_state"] == "inactive" and e["after"]["unit_file_state"] == "disabled"
+    assert all(e["before"]["active_state"] == "active" for e in lines if e["event"] == "intent")
+    assert lines[-1]["after"]["active_state"] == "inactive" and lines[-1]["after"]["unit_file_state"] == "disabled"
     # a second apply adds nothing
     assert cli("apply", str(state)).returncode == 0
-    assert len(cli.journal.read_text().splitlines()) == 2
+    assert len(cli.journal.read_text().splitlines()) == 5
 
 
 def test_start_enable_and_needs_order(nsystemd, cli):
@@ -107,7 +110,8 @@ units:
     assert is_active(nsystemd, "t-db.service") == "active"
     assert is_active(nsystemd, "t-app.service") == "active"
     assert is_enabled(nsystemd, "t-app.service") == "enabled"
-    starts = [e["target"] for e in map(json.loads, cli.journal.read_text().splitlines()) if e["action"] == "start"]
+    starts = [e["target"] for e in map(json.loads, cli.journal.read_text().splitlines())
+              if e["event"] == "result" and e["action"] == "start"]
     assert starts == ["t-db.service", "t-app.service"]
 
 
@@ -176,7 +180,7 @@ def _masked_units(nsystemd, cli):
     # masked -> declared disabled again: unmask (and nothing more is needed)
     state2 = cli.state("version: 1\nunits:\n  t-mask.service:\n    enabled: false\n", "s2.yaml")
     code, report = cli.json("apply", str(state2))
-    assert code == 0, report
+    assert code == 0, report["resources"][0]["message"]
     assert is_enabled(nsystemd, "t-mask.service") == "disabled"
     # a masked unit that must run is blocked, not looped on
     nsystemd.systemctl("mask", "t-mask.service", check=True)
@@ -272,7 +276,8 @@ def test_lock_contention_between_two_real_processes(nsystemd, cli):
             os.killpg(first.pid, 9)
     assert is_active(nsystemd, "t-slow.service") == "inactive"
     # only the first apply acted
-    assert [json.loads(line)["action"] for line in cli.journal.read_text().splitlines()] == ["stop"]
+    assert [e["action"] for e in map(json.loads, cli.journal.read_text().splitlines()) if e["event"] == "result"] == [
+        "stop"]
 
 
 def test_dry_run_changes_nothing(nsystemd, cli):

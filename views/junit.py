@@ -80,12 +80,22 @@ def _testcase(res: dict[str, Any]) -> ET.Element:
     return case
 
 
+def _problems_case(doc: dict[str, Any]) -> ET.Element:
+    """An error report (a bad state file): one test case with one <error>, every problem in it."""
+    problems = doc["problems"]
+    case = ET.Element("testcase", {"classname": "state-file", "name": _clean(doc["state_file"])})
+    el = ET.SubElement(case, "error", {"type": "state-file", "message": _clean(problems[0]["text"])})
+    el.text = _clean("\n".join(p["text"] for p in problems))
+    return case
+
+
 def to_junit(doc: dict[str, Any]) -> ET.Element:
     resources = doc.get("resources", [])
+    problems = bool(doc.get("problems"))
     counts = {
-        "tests": len(resources),
+        "tests": len(resources) + problems,
         "failures": sum(1 for r in resources if r["status"] in ("drift", "blocked")),
-        "errors": sum(1 for r in resources if r["status"] == "error"),
+        "errors": sum(1 for r in resources if r["status"] == "error") + problems,
         "skipped": 0,
     }
     title = f"reconcile {doc['command']}{' --dry-run' if doc.get('dry_run') else ''}"
@@ -105,6 +115,8 @@ def to_junit(doc: dict[str, Any]) -> ET.Element:
                  "exit_code"):
         if doc.get(name) is not None:
             ET.SubElement(props, "property", {"name": name, "value": _clean(format_value(doc[name]))})
+    if problems:
+        suite.append(_problems_case(doc))
     for res in resources:
         suite.append(_testcase(res))
     if doc.get("notes"):

@@ -21,8 +21,8 @@ from ...reconcilers import KINDS, key_of, reconciler_class, reconciler_for
 from ..contract import Reconciler, Resource
 from . import cache
 from .errors import StateFileError
-from .positions import Positions, parse_yaml
-from .schema import JSON_TYPES, bundled_schema, format_checker, message_for, schema_fingerprint, sha256
+from .positions import Positions, check_size, decode, parse_yaml, read_bounded
+from .schema import JSON_TYPES, bundled_schema, message_for, schema_fingerprint, sha256, state_validator
 
 __all__ = ["LoadedState", "StateFileError", "bundled_schema", "load", "order_resources", "validate_text"]
 
@@ -59,65 +59,86 @@ def build_resources(doc: dict[str, Any],
 
 def order_resources(resources: list[Resource]) -> list[Resource]:
     """Topological order by `needs`; ties broken by kind rank, then declaration order.
-    Assumes needs were checked (known, acyclic)."""
+    Assumes needs were checked (known, acyclic). Kahn's algorithm with a heap: O(n log n + edges)."""
+    import heapq
+
     index = {r.id: i for i, r in enumerate(resources)}
     ranks = {kind: reconciler_class(key).rank if key else 99
              for kind, key in ((k, key_of(k)) for k in {r.kind for r in resources})}
     rank = {r.id: (ranks[r.kind], index[r.id]) for r in resources}
-    pending = {r.id: {n for n in r.needs if n in index} for r in resources}
     by_id = {r.id: r for r in resources}
+    waiting = {r.id: {n for n in r.needs if n in index and n != r.id} for r in resources}
+    dependents: dict[str, list[str]] = {}
+    for rid, deps in waiting.items():
+        for dep in deps:
+            dependents.setdefault(dep, []).append(rid)
+    ready = [rank[rid] + (rid,) for rid, deps in waiting.items() if not deps]
+    heapq.heapify(ready)
     ordered: list[Resource] = []
-    while pending:
-        ready = sorted((rid for rid, deps in pending.items() if not deps), key=rank.__getitem__)
+    placed: set[str] = set()
+    while len(ordered) < len(resources):
         if not ready:  # a cycle; validation reports it, here keep going in rank order
-            ready = sorted(pending, key=rank.__getitem__)[:1]
-        rid = ready[0]
+            rid = min((rid for rid in waiting if rid not in placed), key=rank.__getitem__)
+            heapq.heappush(ready, rank[rid] + (rid,))
+        rid = heapq.heappop(ready)[-1]
+        if rid in placed:
+            continue
+        placed.add(rid)
         ordered.append(by_id[rid])
-        del pending[rid]
-        for deps in pending.values():
+        for nxt in dependents.get(rid, ()):
+            deps = waiting[nxt]
             deps.discard(rid)
+            if not deps and nxt not in placed:
+                heapq.heappush(ready, rank[nxt] + (nxt,))
     return ordered
 
 
 def _check_needs(resources: list[Resource], label: str, pos: Positions, paths: dict[str, tuple]) -> list[str]:
     problems = []
-    ids = [r.id for r in resources]
+    ids = {r.id: r for r in resources}
     for r in resources:
         for i, need in enumerate(r.needs):
             if need not in ids:
                 import difflib
 
-                close = difflib.get_close_matches(need, ids, n=1)
+                close = difflib.get_close_matches(need, list(ids), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 line, col = pos.of_value((*paths[r.id], "needs", i))
                 problems.append(f"{label}:{line}:{col}: {r.id} needs unknown resource {need!r}{hint}")
             elif need == r.id:
                 line, col = pos.of_value((*paths[r.id], "needs", i))
                 problems.append(f"{label}:{line}:{col}: {r.id} needs itself")
-    # Cycles: depth-first search over known edges.
+    # Cycles: an iterative depth-first search over known edges (a chain of 10,000 needs must not
+    # exhaust Python's stack), each cycle reported once at the first need that closes it.
     graph = {r.id: [n for n in r.needs if n in ids and n != r.id] for r in resources}
     state: dict[str, int] = {}
     reported: set[frozenset] = set()
-
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = 1
-        for nxt in graph[node]:
+    for start in graph:
+        if start in state:
+            continue
+        path, on_path = [start], {start: 0}
+        todo = [iter(graph[start])]
+        state[start] = 1
+        while todo:
+            nxt = next(todo[-1], None)
+            if nxt is None:
+                todo.pop()
+                state[path.pop()] = 2
+                continue
             if state.get(nxt) == 1:
-                cycle = stack[stack.index(nxt):] + [nxt]
+                cycle = path[on_path[nxt]:] + [nxt]
                 key = frozenset(cycle)
                 if key not in reported:
                     reported.add(key)
                     first = cycle[0]
-                    idx = list(next(r for r in resources if r.id == first).needs).index(cycle[1])
+                    idx = list(ids[first].needs).index(cycle[1])
                     line, col = pos.of_value((*paths[first], "needs", idx))
                     problems.append(f"{label}:{line}:{col}: needs form a cycle: {' -> '.join(cycle)}")
             elif nxt not in state:
-                visit(nxt, stack + [nxt])
-        state[node] = 2
-
-    for r in resources:
-        if r.id not in state:
-            visit(r.id, [r.id])
+                state[nxt] = 1
+                on_path[nxt] = len(path)
+                path.append(nxt)
+                todo.append(iter(graph[nxt]))
     return problems
 
 
@@ -136,10 +157,7 @@ def validate_text(text: str, label: str) -> dict[str, Any]:
         raise StateFileError([f"{label}:{line}:{col}: unsupported state file version "
                               f"{json.dumps(data['version'])} (this reconcile reads version {known})"])
 
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(bundled_schema(), format_checker=format_checker())
-    found = [message_for(e, pos) for e in validator.iter_errors(data)]
+    found = [message_for(e, pos) for e in state_validator().iter_errors(data)]
     if found:
         found.sort()
         seen, problems = set(), []
@@ -170,30 +188,26 @@ def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache:
     UTF-8 with a position) stands in for the file's content, labelled `path` (a state sent on stdin)."""
     label = str(path)
     if text is None:
-        try:
-            with open(path, "rb") as fh:
-                raw = fh.read()
-        except FileNotFoundError:
-            raise StateFileError([f"{label}:1:1: no such file"]) from None
-        except IsADirectoryError:
-            raise StateFileError([f"{label}:1:1: is a directory, not a state file"]) from None
-        except OSError as exc:
-            raise StateFileError([f"{label}:1:1: cannot read: {exc.strerror}"]) from None
+        raw = read_bounded(str(path), label)
     else:
-        raw = text.encode() if isinstance(text, str) else text
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise StateFileError([f"{label}:{line}:{col}: not UTF-8 text"]) from None
+        raw = text.encode("utf-8", errors="surrogateescape") if isinstance(text, str) else text
+        check_size(raw, label)
+    text = decode(raw, label)
 
     digest = sha256(schema_fingerprint().encode() + b"\0" + raw).hexdigest()
     doc = cache.read(digest) if use_cache else None
+    built = None
+    if doc is not None:
+        # A cache is a hint, never an authority: an entry that does not build is validated again.
+        try:
+            built = build_resources(doc, on_kind)
+        except Exception:
+            doc = None
     if doc is None:
         doc = validate_text(text, label)
         if use_cache:
             cache.write(digest, doc)
-    resources = order_resources(build_resources(doc, on_kind))
+        built = build_resources(doc, on_kind)
+    resources = order_resources(built)
     return LoadedState(path=label, version=doc["version"], host=doc.get("host"), doc=doc,
                        resources=tuple(resources))

@@ -19,11 +19,17 @@ def cache_dir() -> str:
 
 
 def read(digest: str) -> dict | None:
+    """The document validated under this digest, or None: an entry that does not parse, was
+    written for another digest or is not a state document is as good as none (and is rewritten)."""
     try:
         with open(os.path.join(cache_dir(), "validated", f"{digest}.json"), encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
+            entry = json.load(fh)
+    except (OSError, ValueError, RecursionError):
         return None
+    if not isinstance(entry, dict) or entry.get("key") != digest:
+        return None
+    doc = entry.get("doc")
+    return doc if isinstance(doc, dict) and isinstance(doc.get("version"), int) else None
 
 
 def write(digest: str, doc: dict) -> None:
@@ -31,6 +37,6 @@ def write(digest: str, doc: dict) -> None:
     from ..atomic import write_json
 
     try:
-        write_json(os.path.join(cache_dir(), "validated", f"{digest}.json"), doc)
+        write_json(os.path.join(cache_dir(), "validated", f"{digest}.json"), {"key": digest, "doc": doc})
     except OSError:
         pass

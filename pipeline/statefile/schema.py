@@ -105,6 +105,20 @@ def format_checker():
     return checker
 
 
+def state_validator():
+    """The validator of the bundled schema, made once. JSON Schema's `integer` admits 8.0; a state
+    file's integers are integers (a float where a count is meant would pass and fail later)."""
+    if "validator" not in _BUNDLE:
+        import jsonschema
+
+        base = jsonschema.Draft202012Validator
+        types = base.TYPE_CHECKER.redefine(
+            "integer", lambda _checker, v: isinstance(v, int) and not isinstance(v, bool))
+        cls = jsonschema.validators.extend(base, type_checker=types)
+        _BUNDLE["validator"] = cls(bundled_schema(), format_checker=format_checker())
+    return _BUNDLE["validator"]
+
+
 FORMAT_HINTS = {
     "size": "invalid size {v!r}: use a number with a unit such as 512MiB, 4TiB or 75.8GB",
     "size-or-percent": "invalid size {v!r}: use e.g. 4TiB, 75.8GB or a percentage such as '15%'",

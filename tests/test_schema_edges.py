@@ -1,0 +1,109 @@
+"""The schema and the conversions agree: every field of the bundled schema (walked from the
+schema itself, so a new field is covered without an edit here) gets each edge value — numbers
+at and past the 64-bit and float limits, infinities, negative and fractional numbers where
+counts are meant, sizes and durations of hundreds of digits, percentages past 100 %, names with
+newlines and path separators, collections where scalars are meant. Each result is either a
+state that builds (every value the schema admits converts) or one `file:line:col: message` line
+per problem: never an exception from a conversion."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+from reconcile_host.pipeline.statefile import StateFileError, bundled_schema, load, validate_text
+
+# Every field of every kind, valid. The walk below fails if the schema gains a field this lacks.
+BASE = {
+    "version": 1,
+    "host": "*",
+    "units": {"a.service": {"active": False, "enabled": False, "needs": ["mount:/data"]}},
+    "gpus": {"count": 0, "max_memory_used": "1GiB", "allow": ["unit:a.service"], "healthy": True,
+             "free_with": {"stop_units": True, "kill": ["python*"], "grace": "10s"},
+             "observe_timeout": "60s", "settle": "5s", "needs": ["unit:a.service"]},
+    "mounts": {"/data": {"mounted": True, "source": "tmpfs", "fstype": "tmpfs", "options": ["rw"],
+                         "min_free": "1%", "min_free_inodes": "1%", "writable": True, "probe_timeout": "5s",
+                         "needs": []}},
+    "extractions": {"x": {"dir": "/data/x", "pattern": "rows_{group}/data_{index}.ckpt", "total": 10, "min_done": 5,
+                          "allow_missing": [1], "verify": "recent", "observe_timeout": "60s",
+                          "resume": {"unit": "x.service"}, "needs": []},
+                    "y": {"dir": "/data/y", "total": 10, "resume": {"command": ["/bin/true"], "cwd": "/"}}},
+}
+
+EDGES = [
+    "0", "-1", "1", "8.0", "0.5", "-0.5", "1e308", "1e999", "9223372036854775807", "9223372036854775808",
+    "-9223372036854775809", "9" * 25, "9" * 5000, ".inf", "-.inf", ".nan", "true", "null", '""',
+    '"-1s"', '"1e400s"', '"0s"', '"99999999999999999999d"', '"3651d"', '"' + "9" * 400 + 's"',
+    '"' + "9" * 400 + 'GiB"', '"9999999PiB"', '"8EiB"', '"1.5"', '"-5%"', '"0%"', '"100%"', '"100.5%"',
+    '"101%"', '"1e3%"', '"a\\nb.service"', '"a/b.service"', '"a\\u0000b"', '"/"', '"relative/path"',
+    "[]", "{}", "[1]", '["a\\nb"]', "[-1]", "[1e999]", '"' + "x" * 300 + '"',
+]
+
+
+def _resolve(schema: dict, node: dict) -> dict:
+    while "$ref" in node:
+        node = schema["$defs"][node["$ref"].rsplit("/", 1)[1]]
+    return node
+
+
+def field_paths(schema: dict) -> list[tuple]:
+    """(path in BASE) of every property the schema declares, found by walking it."""
+    paths: list[tuple] = []
+
+    declared: set[tuple] = set()
+    found: set[tuple] = set()
+
+    def walk(node: dict, path: tuple, doc, shape: tuple) -> None:
+        node = _resolve(schema, node)
+        for key, sub in node.get("properties", {}).items():
+            declared.add((*shape, key))
+            if isinstance(doc, dict) and key in doc:
+                found.add((*shape, key))
+                paths.append((*path, key))
+                walk(sub, (*path, key), doc[key], (*shape, key))
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict) and isinstance(doc, dict):
+            for name in doc:
+                if name not in node.get("properties", {}):
+                    walk(extra, (*path, name), doc[name], (*shape, "*"))
+        if isinstance(node.get("items"), dict) and isinstance(doc, list) and doc:
+            paths.append((*path, 0))
+
+    walk(schema, (), BASE, ())
+    lacking = sorted(".".join(k) for k in declared - found)
+    assert not lacking, f"BASE lacks these fields of the schema: add them: {lacking}"
+    return paths
+
+
+PLACE = "\u0001EDGE\u0001"
+
+
+def text_with(path: tuple, token: str) -> str:
+    doc = copy.deepcopy(BASE)
+    parent = doc
+    for p in path[:-1]:
+        parent = parent[p]
+    parent[path[-1]] = PLACE
+    return json.dumps(doc, indent=1).replace(json.dumps(PLACE), token)
+
+
+def test_base_state_uses_every_field_and_is_valid():
+    assert validate_text(json.dumps(BASE), "base.json")
+    assert len(field_paths(bundled_schema())) >= 30
+
+
+PATHS = field_paths(bundled_schema())
+
+
+@pytest.mark.parametrize("path", PATHS, ids=[".".join(map(str, p)) for p in PATHS])
+def test_every_field_with_edge_values(path):
+    for token in EDGES:
+        text = text_with(path, token)
+        try:
+            load("edge.json", text=text, use_cache=False)  # validated, then every resource built
+        except StateFileError as exc:
+            for line in exc.problems:
+                assert re.fullmatch(r"edge\.json:\d+:\d+: \S[^\n]*", line), (token, line)
+        # anything else (ValueError, OverflowError, TypeError from a conversion) fails the test
