@@ -304,6 +304,86 @@ def test_reports_equal_what_systemd_says(lab, group):
         lab.clean(created)
 
 
+# --- no daemon-reload: the disk wins --------------------------------------------------------------
+
+ONESHOT = "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n"
+
+
+def cli_diff(lab: Lab, specs: dict[str, dict], name: str) -> dict[str, dict]:
+    state = lab.tmp / name
+    state.write_text(state_text(specs))
+    proc = lab.nsd.run(reconcile_argv("diff", "--format", "json", str(state)), env=cli_env(lab.tmp))
+    assert proc.stdout, proc.stderr
+    return {r["id"].removeprefix("unit:"): r for r in json.loads(proc.stdout)["resources"]}
+
+
+def both_answers(lab: Lab, name: str) -> tuple[str, str]:
+    show = lab.nsd.systemctl("show", "-p", "UnitFileState", "--value", "--", name).stdout.strip()
+    return show, lab.nsd.systemctl("is-enabled", "--", name).stdout.strip()
+
+
+def test_enabled_on_disk_without_daemon_reload_is_enabled(lab):
+    """A unit systemd holds in memory, linked into multi-user.target.wants by hand: `show` still
+    says what it worked out when first asked, `is-enabled` reads the disk. reconcile reports
+    the disk's answer, alone and batched: it is what the next boot and `systemctl disable` act on."""
+    nsd, name = lab.nsd, "zz-stale.service"
+    unit, link = nsd.unit_dir / name, nsd.unit_dir / "multi-user.target.wants" / name
+    unit.write_text(ONESHOT)
+    try:
+        nsd.systemctl("daemon-reload", check=True)
+        nsd.systemctl("start", name, check=True)
+        # systemd works the state out when first asked, and keeps it while it holds the unit
+        assert both_answers(lab, name) == ("disabled", "disabled")
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(f"/etc/systemd/system/{name}")
+        assert both_answers(lab, name) == ("disabled", "enabled")  # systemd contradicts itself
+        for enabled in (True, False):
+            spec = {"active": True, "enabled": enabled}
+            for specs in ({name: spec}, {name: spec, HARMLESS: {"active": False, "enabled": False}}):
+                got = cli_diff(lab, specs, "stale.yaml")[name]
+                assert got["observed"]["unit_file_state"] == "enabled", got
+                assert got["status"] == ("ok" if enabled else "drift"), got
+        nsd.systemctl("daemon-reload", check=True)
+        assert both_answers(lab, name) == ("enabled", "enabled")
+    finally:
+        nsd.systemctl("stop", name)
+        link.unlink(missing_ok=True)
+        unit.unlink(missing_ok=True)
+        nsd.systemctl("daemon-reload")
+
+
+def test_masked_on_disk_without_daemon_reload_is_not_masked_yet(lab):
+    """Masked by hand (a /dev/null link in /etc over a vendor unit) while systemd holds the unit
+    loaded: is-enabled says masked, but the manager would still start it. `enabled: masked` is
+    drift until systemd has loaded the mask; `apply` masks (and so reloads), then it is ok."""
+    nsd, name = lab.nsd, "zz-vmask.service"
+    vendor, mask = nsd.root / "usr/lib/systemd/system" / name, nsd.unit_dir / name
+    vendor.write_text(ONESHOT)
+    try:
+        nsd.systemctl("daemon-reload", check=True)
+        nsd.systemctl("start", name, check=True)
+        mask.symlink_to("/dev/null")
+        assert nsd.systemctl("is-enabled", "--", name).stdout.strip() == "masked"
+        assert nsd.systemctl("show", "-p", "LoadState", "--value", "--", name).stdout.strip() == "loaded"
+        spec = {"enabled": "masked"}
+        for specs in ({name: spec}, {name: spec, HARMLESS: {"active": False, "enabled": False}}):
+            got = cli_diff(lab, specs, "vmask.yaml")[name]
+            assert got["status"] == "drift" and [a["action"] for a in got["actions"]] == ["mask"], got
+            assert "daemon-reload" in got["drift"][0]["have"]
+        state = lab.tmp / "vmask.yaml"
+        state.write_text(state_text({name: spec}))
+        proc = nsd.run(reconcile_argv("apply", "--journal", str(lab.tmp / "j.jsonl"), str(state)),
+                       env=cli_env(lab.tmp))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert nsd.systemctl("show", "-p", "LoadState", "--value", "--", name).stdout.strip() == "masked"
+        assert cli_diff(lab, {name: spec}, "vmask.yaml")[name]["status"] == "ok"
+    finally:
+        nsd.systemctl("stop", name)
+        mask.unlink(missing_ok=True)
+        vendor.unlink(missing_ok=True)
+        nsd.systemctl("daemon-reload")
+
+
 def test_summary(lab):
     """Runs last (file order): the figures of the suite, for the record (pytest -s shows them)."""
     if STATS["layouts"] != len(LAYOUTS):
