@@ -18,9 +18,10 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-# systemd's own rules (unit_name_is_valid): a name, an optional @instance, a known suffix.
+# systemd's own rules (unit-name.c:unit_name_is_valid): a name, an optional @instance (which may
+# hold more @), a known suffix.
 _UNIT_RE = re.compile(
-    r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?"
+    r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\@-]*)?"
     r"\.(service|socket|target|timer|mount|automount|swap|path|slice|scope|device)$"
 )
 
