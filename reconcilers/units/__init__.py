@@ -10,12 +10,19 @@ UnitFileState by reading every unit directory, so it costs ~2-10 ms a unit; on s
    SubState of the declared units systemd holds in memory. A unit it does not list is not in
    memory, so it is not running: inactive/dead, as `show` would report once it had loaded it.
 2. The unit-file state (enabled, disabled, static, indirect, masked) is worked out here, in one
-   pass over the manager's unit search path (`UnitPath`) and the units' `[Install]` sections,
-   following systemd's install logic for the plain cases only (`UnitFiles`).
+   pass over the manager's unit search path (`UnitPath`) and the units' unit files, where a
+   port of systemd 252's install logic follows it exactly (`UnitFiles`, `syntax`).
 3. One `systemctl show` of only the units these cannot settle for sure (instances, aliases,
-   linked, generated or transient units, units without a unit file or not found, drop-ins with
-   an `[Install]` section, ...) and of every unit that drifts, so a plan is always made from
+   linked, generated or transient units, scopes, units without a unit file or not found, files
+   systemd would call bad, ...) and of every unit that drifts, so a plan is always made from
    systemd's own word (FragmentPath for the mask refusal, MainPID).
+
+Which of systemd's two answers wins: the disk's. `is-enabled` reads the unit directories each
+time; `show` repeats, for a unit systemd holds in memory, the state it worked out when first
+asked, until a daemon-reload. The reader reads the disk; a unit shown that may be stale (in
+memory, or declared alone) gets its state from `list-unit-files` (the disk, one call). That is
+what the next boot and `systemctl enable/disable` act on (docs/units.md). Names systemd refuses
+to look up never reach systemctl: they would end a batched `show`.
 
 A manager that cannot be reached is an error, never "inactive" (testinfra's `is_running` reads a
 broken host as passing). Units are stopped through systemd, never by killing their processes: a
