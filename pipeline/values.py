@@ -22,9 +22,10 @@ MAX_SIZE = 2**63 - 1                  # bytes (8 EiB)
 MAX_DURATION = 3650 * 86400.0         # ten years, in seconds
 
 
-# systemd's own rules (unit_name_is_valid): a name, an optional @instance, a known suffix.
+# systemd's own rules (unit-name.c:unit_name_is_valid): a name, an optional @instance (which may
+# hold more @), a known suffix.
 _UNIT_RE = re.compile(
-    r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?"
+    r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\@-]*)?"
     r"\.(service|socket|target|timer|mount|automount|swap|path|slice|scope|device)$"
 )
 

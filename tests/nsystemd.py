@@ -23,6 +23,13 @@ Isolation, and what is deliberately *not* isolated:
 * ``/sys/fs/cgroup`` is a private tmpfs with bind mounts of the host's
   hierarchies: systemd remounts that tmpfs read-write and adds directories to
   it, which on the host's own tmpfs would outlive the namespace.
+* ``NamespacedSystemd(vendor_dirs=True)`` also makes the host's vendor unit
+  directories writable inside the namespace only: overlays (upper layers on a
+  tmpfs of the namespace) on ``/usr/lib/systemd/system``, ``/usr/local/lib``
+  (with ``systemd/system`` created in it) and ``/etc/systemd`` (with
+  ``system.attached`` and ``system.control``), and a tmpfs on ``/srv``; a
+  marker file written through each proves, after boot, that the host does not
+  see it.
 * The network namespace and ``/dev`` are the host's.
 * Services' stdout/stderr default to ``null`` (journald is masked).  A unit
   that needs its output can say ``StandardOutput=append:/abs/path``.
@@ -196,6 +203,7 @@ for d in {generator_dirs}; do
     done
 done
 
+{vendor_dirs}
 mount -t tmpfs -o mode=0755 tmpfs /etc/systemd/system
 for u in {masked}; do
     ln -s /dev/null "/etc/systemd/system/$u"
@@ -206,6 +214,25 @@ cp -a {staged}/. /etc/systemd/system/
 export container={container}
 exec {systemd} --system --unit={target} --log-target=console --log-color=no \\
     --show-status=no
+"""
+
+# vendor_dirs=True: the host's directories that tests may then write inside the namespace, each
+# the lower layer of an overlay whose upper layer is on a tmpfs of the namespace (never the host's).
+OVERLAID = ("/etc/systemd", "/usr/lib/systemd/system", "/usr/local/lib")
+VENDOR_DIRS_SH = """\
+mkdir -p /run/nsystemd-overlay
+mount -t tmpfs -o mode=0700 tmpfs /run/nsystemd-overlay
+i=0
+for d in {overlaid}; do
+    [ -d "$d" ] || {{ echo "nsystemd: $d missing: not overlaid" >&2; exit 1; }}
+    i=$((i + 1))
+    o="/run/nsystemd-overlay/$i"
+    mkdir "$o" "$o/upper" "$o/work"
+    mount -t overlay overlay -o "lowerdir=$d,upperdir=$o/upper,workdir=$o/work" "$d"
+done
+[ -d /srv ] || {{ echo "nsystemd: /srv missing" >&2; exit 1; }}
+mount -t tmpfs -o mode=0755 tmpfs /srv
+mkdir -p /usr/local/lib/systemd/system /etc/systemd/system.attached /etc/systemd/system.control
 """
 
 BOOT_TARGET = """\
@@ -255,8 +282,9 @@ class NamespacedSystemd:
       failed_units ``systemctl --failed --no-legend`` output when degraded
     """
 
-    def __init__(self, name: str = "reconcile-test"):
+    def __init__(self, name: str = "reconcile-test", vendor_dirs: bool = False):
         self.name = name
+        self.vendor_dirs = vendor_dirs
         self.target = f"{name}.target"
         self.workdir = Path(tempfile.mkdtemp(prefix=f"{name}-"))
         self.log_path = self.workdir / "console.log"
@@ -320,6 +348,7 @@ class NamespacedSystemd:
                 conf=shlex.quote(str(conf)),
                 generator_dirs=" ".join(GENERATOR_DIRS),
                 masked=" ".join(MASKED_UNITS),
+                vendor_dirs=VENDOR_DIRS_SH.format(overlaid=" ".join(OVERLAID)) if self.vendor_dirs else "",
                 staged=shlex.quote(str(self._staged)),
                 container=shlex.quote(self.name),
                 systemd=SYSTEMD,
@@ -362,7 +391,27 @@ class NamespacedSystemd:
             raise
         self.boot_seconds = time.monotonic() - t0
         self.boot_hostname = self.run(["hostname"], check=True).stdout.strip()
+        if self.vendor_dirs:
+            try:
+                self._check_private(("/srv", *OVERLAID))
+            except BaseException:
+                self.stop(keep_logs=True)
+                raise
         return self
+
+    def _check_private(self, dirs) -> None:
+        """A marker written into each directory inside the namespace must not reach the host."""
+        for d in dirs:
+            marker = f".nsystemd-marker-{uuid.uuid4().hex}"
+            inside = self.root / d.lstrip("/") / marker
+            inside.write_text("")
+            try:
+                if os.path.lexists(os.path.join(d, marker)):
+                    raise NamespacedSystemdError(f"{d}: a write inside the namespace reached the host")
+                if not inside.exists():
+                    raise NamespacedSystemdError(f"{d}: the marker vanished inside the namespace")
+            finally:
+                inside.unlink()
 
     def stop(self, keep_logs: bool = False) -> None:
         """Kill the namespace (SIGKILL to its PID 1), remove its cgroups and,

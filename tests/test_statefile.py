@@ -182,7 +182,7 @@ def test_parse_duration_rejects(text):
 @pytest.mark.parametrize("name,ok", [
     ("vllm-kimi-k25-int4.service", True), ("getty@tty1.service", True), ("foo.timer", True),
     ("data.mount", True), ("vllm", False), ("a b.service", False), ("x.servic", False), ("", False),
-    ("a" * 250 + ".service", False),
+    ("a" * 250 + ".service", False), ("a@b@c.service", True), ("@a.service", False),
 ])
 def test_unit_names(name, ok):
     assert is_unit_name(name) is ok

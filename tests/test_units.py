@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import NsCli, cli_env, is_active, is_enabled, reconcile_argv, service, wait_for
-from test_units_plan import INSTALL_CASES
+from test_units_unitfiles import INSTALL_CASES
 
 STATIC = "[Unit]\nDescription=static\n[Service]\nExecStart=/bin/sleep infinity\n"
 VLLM = "vllm-kimi-k25-int4.service"
@@ -495,12 +495,20 @@ def test_drifting_units_are_planned_from_systemctl_show(nsystemd, cli):
 
 
 def test_install_sections_read_as_systemd_reads_them(nsystemd):
-    """The [Install] cases test_units_plan decides without systemd, checked against systemd."""
-    decided = [(f"t-inst{i}.service", label, want) for i, (label, _, want) in enumerate(INSTALL_CASES) if want]
-    for name, label, _ in decided:
-        nsystemd.write_unit(name, next(text for lab, text, _ in INSTALL_CASES if lab == label))
-    assert {label: is_enabled(nsystemd, name) for name, label, _ in decided} == {
-        label: want for _, label, want in decided}
+    """The [Install] cases the reader decides without systemd (tests/test_units_unitfiles.py),
+    checked against systemd: written byte for byte, then `is-enabled` of each."""
+    decided = [(f"t-inst{i}.service", label, data, want) for i, (label, data, want) in enumerate(INSTALL_CASES)
+               if want]
+    try:
+        for name, _, data, _ in decided:
+            (nsystemd.unit_dir / name).write_bytes(data)
+        nsystemd.systemctl("daemon-reload", check=True)
+        assert {label: is_enabled(nsystemd, name) for name, label, _, _ in decided} == {
+            label: want for _, label, _, want in decided}
+    finally:
+        for name, _, _, _ in decided:
+            (nsystemd.unit_dir / name).unlink(missing_ok=True)
+        nsystemd.systemctl("daemon-reload")
 
 
 _ = sys

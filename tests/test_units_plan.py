@@ -6,8 +6,14 @@ import pytest
 from reconcile_host.pipeline.contract import Context, ObserveError, Resource
 from reconcile_host.pipeline.engine import judge
 from reconcile_host.reconcilers.units import UnitsReconciler
-from reconcile_host.reconcilers.units.systemctl import UnitObserved, parse_list_units, parse_show
-from reconcile_host.reconcilers.units.unitfiles import UnitFiles, parse_install
+from reconcile_host.reconcilers.units.systemctl import (
+    MASK_PENDING,
+    UnitObserved,
+    is_enabled_error,
+    parse_list_unit_files,
+    parse_list_units,
+    parse_show,
+)
 
 R = UnitsReconciler()
 
@@ -58,6 +64,13 @@ CASES = [
     ("enabled-runtime is enabled", {"enabled": True}, unit(file_state="enabled-runtime"), [], [], "ok"),
     ("only active declared ignores enabled", {"active": True}, unit("active", "running", "disabled"), [], [],
      "ok"),
+    # masked on disk by hand, still loaded in memory (no daemon-reload): not masked yet
+    ("mask not in force is not masked", {"enabled": "masked"}, unit(file_state="masked", load="loaded"),
+     ["enabled"], ["mask"], "drift"),
+    ("mask not in force, wanted disabled", {"enabled": False}, unit(file_state="masked", load="loaded"),
+     ["enabled"], ["unmask"], "drift"),
+    ("bad cannot be disabled", {"enabled": False}, unit(file_state="bad"), ["enabled"], [], "blocked"),
+    ("bad, only active declared", {"active": False}, unit(file_state="bad"), [], [], "ok"),
 ]
 
 
@@ -75,6 +88,14 @@ def test_units_plan(name, spec, observed, fields, actions, status):
 def test_static_blocked_message_suggests_mask():
     _, plan, _ = plan_for({"enabled": False}, unit(file_state="static"))
     assert "static" in plan.blocked and "enabled: masked" in plan.blocked
+
+
+def test_mask_pending_and_bad_say_why():
+    drift, plan, _ = plan_for({"enabled": "masked"}, unit(file_state="masked", load="loaded"))
+    assert drift[0].have == MASK_PENDING and "daemon-reload" in MASK_PENDING
+    bad = UnitObserved("u.service", "loaded", "inactive", "dead", "bad", 0, unit_file_error="Invalid argument")
+    _, plan, _ = plan_for({"enabled": True}, bad)
+    assert "bad" in plan.blocked and "(Invalid argument)" in plan.blocked and "enable would fail" in plan.blocked
 
 
 def test_drift_carries_want_and_have():
@@ -156,130 +177,6 @@ def test_parse_list_units_unexpected_line_is_an_error():
         parse_list_units("t-run.service loaded active\n")
 
 
-SVC = "[Unit]\nDescription=x\n[Service]\nExecStart=/bin/sleep infinity\n"
-# [Install] sections and what `systemctl is-enabled` says on systemd 252 of a unit with no links.
-INSTALL_CASES = [
-    ("wanted", SVC + "[Install]\nWantedBy=multi-user.target\n", "disabled"),
-    ("required", SVC + "[Install]\nRequiredBy=multi-user.target\n", "disabled"),
-    ("no install section", SVC, "static"),
-    ("alias only", SVC + "[Install]\nAlias=other.service\n", "disabled"),
-    ("also only", SVC + "[Install]\nAlso=other.service\n", "indirect"),
-    ("empty assignment resets", SVC + "[Install]\nWantedBy=multi-user.target\nWantedBy=\n", "static"),
-    ("comments", SVC + "[Install]\n#WantedBy=multi-user.target\n; WantedBy=x.target\n", "static"),
-    ("section names are case-sensitive", SVC + "[install]\nWantedBy=multi-user.target\n", "static"),
-    ("install keys elsewhere are ignored", SVC + "WantedBy=multi-user.target\n", "static"),
-    ("spaces around", SVC + "  [Install]  \n  WantedBy = multi-user.target  \n", "disabled"),
-    ("continued ExecStart", "[Service]\nExecStart=/bin/echo a \\\n  b\n[Install]\nWantedBy=a.target\n", "disabled"),
-    # Where a simple reading could differ from systemd's: not decided here.
-    ("continued line swallows the header", "[Service]\nExecStart=/bin/echo a \\\n[Install]\nWantedBy=a.target\n", None),
-    ("continuation in [Install]", SVC + "[Install]\nWantedBy=multi-user.target \\\n  default.target\n", None),
-    ("specifier", SVC + "[Install]\nWantedBy=%i.target\n", None),
-    ("quotes", SVC + '[Install]\nWantedBy="a.target"\n', None),
-    ("UpheldBy", SVC + "[Install]\nUpheldBy=multi-user.target\n", None),
-    ("no =", SVC + "[Install]\nWantedBy\n", None),
-]
-
-
-@pytest.mark.parametrize("text,state", [c[1:] for c in INSTALL_CASES], ids=[c[0] for c in INSTALL_CASES])
-def test_parse_install(text, state):
-    rules = parse_install(text)
-    if state is None:
-        assert rules is None
-    else:
-        has_rules, has_also = rules
-        assert ("disabled" if has_rules else "indirect" if has_also else "static") == state
-
-
-@pytest.fixture
-def tree(tmp_path):
-    """A unit search path under tmp_path, read by UnitFiles with root=tmp_path."""
-    dirs = {"etc": "/etc/systemd/system", "run": "/run/systemd/system", "lib": "/lib/systemd/system"}
-    for d in dirs.values():
-        (tmp_path / d.lstrip("/")).mkdir(parents=True)
-
-    def write(where: str, rel: str, text: str | None = None, link: str | None = None):
-        path = tmp_path / dirs[where].lstrip("/") / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if link is not None:
-            path.symlink_to(link)
-        else:
-            path.write_text(text)
-
-    def files():
-        return UnitFiles(["/etc/systemd/system.control", *dirs.values(), "/run/systemd/generator.late"],
-                         root=str(tmp_path))
-
-    return write, files
-
-
-WANTED = SVC + "[Install]\nWantedBy=multi-user.target\n"
-
-
-def test_unit_files_plain_states(tree):
-    write, files = tree
-    write("etc", "dis.service", WANTED)
-    write("etc", "static.service", SVC)
-    write("lib", "vendor.service", WANTED)
-    write("etc", "en.service", WANTED)
-    write("etc", "multi-user.target.wants/en.service", link="/etc/systemd/system/en.service")
-    write("etc", "req.service", WANTED)
-    write("etc", "foo.target.requires/req.service", link="../req.service")
-    write("etc", "masked.service", link="/dev/null")
-    write("run", "rtmasked.service", link="/dev/null")
-    write("run", "rt.service", WANTED)
-    write("etc", "shadow.service", SVC)  # /etc comes first: the /run file does not count
-    write("run", "shadow.service", WANTED)
-    f = files()
-    assert f.state("dis.service") == ("disabled", "/etc/systemd/system/dis.service")
-    assert f.state("static.service") == ("static", "/etc/systemd/system/static.service")
-    assert f.state("vendor.service") == ("disabled", "/lib/systemd/system/vendor.service")
-    assert f.state("en.service") == ("enabled", "/etc/systemd/system/en.service")
-    assert f.state("req.service") == ("enabled", "/etc/systemd/system/req.service")
-    assert f.state("masked.service") == ("masked", "/etc/systemd/system/masked.service")
-    assert f.state("rtmasked.service") == ("masked-runtime", "/run/systemd/system/rtmasked.service")
-    assert f.state("rt.service") == ("disabled", "/run/systemd/system/rt.service")
-    assert f.state("shadow.service") == ("static", "/etc/systemd/system/shadow.service")
-
-
-def test_unit_files_leave_the_rest_to_systemd(tree):
-    write, files = tree
-    write("etc", "rtwant.service", WANTED)  # wanted from /run: enabled-runtime
-    write("run", "multi-user.target.wants/rtwant.service", link="/etc/systemd/system/rtwant.service")
-    write("lib", "vend.service", WANTED)  # wanted from a vendor directory
-    write("lib", "multi-user.target.wants/vend.service", link="../vend.service")
-    write("etc", "real.service", WANTED)  # has an alias link: indirect, or enabled through it
-    write("etc", "alias.service", link="/etc/systemd/system/real.service")
-    write("etc", "realer.service", WANTED)  # wanted through an alias of an alias
-    write("etc", "alias2.service", link="/etc/systemd/system/alias3.service")
-    write("etc", "alias3.service", link="/etc/systemd/system/realer.service")
-    write("etc", "a.target.wants/alias2.service", link="/etc/systemd/system/alias2.service")
-    write("etc", "linked.service", link="/opt/units/linked.service")
-    write("etc", "empty.service", "")  # an empty unit file masks the unit
-    write("etc", "cont.service", SVC + "[Install]\nWantedBy=a.target \\\n b.target\n")
-    write("etc", "drop.service", SVC)
-    write("etc", "drop.service.d/install.conf", "[Install]\nWantedBy=multi-user.target\n")
-    write("lib", "x-y-z.service", WANTED)
-    write("etc", "x-y-.service.d/install.conf", "[Install]\nWantedBy=\n")
-    write("etc", "typed.socket", "[Socket]\nListenStream=1\n[Install]\nWantedBy=sockets.target\n")
-    write("run", "socket.d/all.conf", "[Install]\nWantedBy=\n")
-    write("etc", "env.service", WANTED)
-    write("etc", "env.service.d/env.conf", "[Service]\nEnvironment=A=1\n")
-    f = files()
-    for name in ("rtwant.service", "vend.service", "real.service", "alias.service", "realer.service",
-                 "linked.service", "empty.service", "cont.service", "drop.service", "x-y-z.service",
-                 "typed.socket", "ghost.service", "t@a.service"):
-        assert f.state(name) is None, name
-    # a drop-in without an [Install] section changes nothing
-    assert f.state("env.service") == ("disabled", "/etc/systemd/system/env.service")
-
-
-def test_unit_files_only_in_install_dirs(tmp_path):
-    (tmp_path / "run/systemd/transient").mkdir(parents=True)
-    (tmp_path / "run/systemd/transient/tr.service").write_text(SVC)
-    f = UnitFiles(["/run/systemd/transient", "/etc/systemd/system"], root=str(tmp_path))
-    assert "tr.service" in f.first and f.state("tr.service") is None  # transient: systemd says so
-
-
 LISTED = {"a.service": ("loaded", "active", "running"), "m.service": ("masked", "inactive", "dead"),
           "nf.service": ("not-found", "inactive", "dead")}
 
@@ -323,3 +220,57 @@ def test_from_listings_matches_what_show_would_say():
     assert seen("x\\x2dy.service") is None  # a pattern character: absence from list-units proves nothing
     assert seen("unknown.service") is None
     assert R._from_listings("a.service", LISTED["a.service"], None) is None  # no scan of the unit files
+
+
+def test_parse_list_unit_files_and_is_enabled_errors():
+    assert parse_list_unit_files("a.service enabled enabled\nb.service bad -\nc.socket static\n\n") == {
+        "a.service": "enabled", "b.service": "bad", "c.socket": "static"}
+    assert is_enabled_error("Failed to get unit file state for a.service: Invalid argument\n") == "Invalid argument"
+    assert is_enabled_error("Failed to look up unit file state: Is a directory\n") == "Is a directory"
+    assert is_enabled_error("") == ""
+
+
+class ShowHost:
+    """A host whose systemctl answers `show` as systemd 252 does when one name cannot be resolved:
+    the blocks before it, then exit 1 (`Failed to get properties: Unknown object`)."""
+
+    prefix = ()
+
+    def __init__(self, broken):
+        self.broken, self.calls = broken, []
+
+    def run(self, argv, timeout=30.0):
+        from reconcile_host.pipeline.contract import CommandResult
+
+        self.calls.append(list(argv))
+        names = argv[argv.index("--") + 1:]
+        if argv[1] != "show":
+            return CommandResult(tuple(argv), 0, "", "")
+        out = []
+        for n in names:
+            if n in self.broken:
+                return CommandResult(tuple(argv), 1, "".join(out), "Failed to get properties: Unknown object")
+            out.append(f"Id={n}\nLoadState=loaded\nActiveState=inactive\nSubState=dead\nUnitFileState=disabled\n"
+                       f"MainPID=0\nFragmentPath=/etc/systemd/system/{n}\n\n")
+        return CommandResult(tuple(argv), 0, "".join(out), "")
+
+
+def test_batched_show_falls_back_to_one_call_a_unit():
+    host = ShowHost({"b.service"})
+    got = R._show(host, ["a.service", "b.service", "c.service"], set())
+    assert got["a.service"].unit_file_state == got["c.service"].unit_file_state == "disabled"
+    assert isinstance(got["b.service"], ObserveError) and "Unknown object" in str(got["b.service"])
+    shows = [c for c in host.calls if c[1] == "show"]
+    assert len(shows) == 4  # the batch, then one each
+
+
+def test_names_systemd_refuses_never_reach_systemctl():
+    host = ShowHost(set())
+    res = [Resource(id=f"unit:{n}", kind="unit", name=n, spec={"active": False})
+           for n in ("m@x.scope", "m@x.mount", "t@.service", "ok.service")]
+    got = R.observe(host, res)
+    assert "cannot template .scope" in str(got["unit:m@x.scope"])
+    assert "cannot template .mount" in str(got["unit:m@x.mount"])
+    assert "template" in str(got["unit:t@.service"])
+    assert got["unit:ok.service"].unit_file_state == "disabled"
+    assert all("m@x.scope" not in c and "m@x.mount" not in c for c in host.calls)

@@ -10,12 +10,19 @@ UnitFileState by reading every unit directory, so it costs ~2-10 ms a unit; on s
    SubState of the declared units systemd holds in memory. A unit it does not list is not in
    memory, so it is not running: inactive/dead, as `show` would report once it had loaded it.
 2. The unit-file state (enabled, disabled, static, indirect, masked) is worked out here, in one
-   pass over the manager's unit search path (`UnitPath`) and the units' `[Install]` sections,
-   following systemd's install logic for the plain cases only (`UnitFiles`).
+   pass over the manager's unit search path (`UnitPath`) and the units' unit files, where a
+   port of systemd 252's install logic follows it exactly (`UnitFiles`, `syntax`).
 3. One `systemctl show` of only the units these cannot settle for sure (instances, aliases,
-   linked, generated or transient units, units without a unit file or not found, drop-ins with
-   an `[Install]` section, ...) and of every unit that drifts, so a plan is always made from
+   linked, generated or transient units, scopes, units without a unit file or not found, files
+   systemd would call bad, ...) and of every unit that drifts, so a plan is always made from
    systemd's own word (FragmentPath for the mask refusal, MainPID).
+
+Which of systemd's two answers wins: the disk's. `is-enabled` reads the unit directories each
+time; `show` repeats, for a unit systemd holds in memory, the state it worked out when first
+asked, until a daemon-reload. The reader reads the disk; a unit shown that may be stale (in
+memory, or declared alone) gets its state from `list-unit-files` (the disk, one call). That is
+what the next boot and `systemctl enable/disable` act on (docs/units.md). Names systemd refuses
+to look up never reach systemctl: they would end a batched `show`.
 
 A manager that cannot be reached is an error, never "inactive" (testinfra's `is_running` reads a
 broken host as passing). Units are stopped through systemd, never by killing their processes: a
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ...pipeline.contract import (
@@ -40,14 +48,20 @@ from ...pipeline.contract import (
     Resource,
     run_action,
 )
+from .syntax import name_kind, systemd_refuses
 from .systemctl import (
     GLOB_CHARS,
+    IS_ENABLED,
+    LIST_UNIT_FILES,
     LIST_UNITS,
+    MASK_PENDING,
     MASKED,
     PROPERTIES,
     UNCHANGEABLE,
     UNIT_PATH,
     UnitObserved,
+    is_enabled_error,
+    parse_list_unit_files,
     parse_list_units,
     parse_show,
 )
@@ -84,9 +98,13 @@ class UnitsReconciler(Reconciler):
         out: dict[str, Any] = {}
         todo = []
         for r in resources:
-            if r.name.rpartition(".")[0].endswith("@"):
-                out[r.id] = ObserveError(f"{r.name} is a template: systemd has a state only for its instances "
-                                         f"(NAME@INSTANCE.service)")
+            refused = None if name_kind(r.name) != "template" else (
+                f"{r.name} is a template: systemd has a state only for its instances (NAME@INSTANCE.service)")
+            refused = refused or systemd_refuses(r.name)
+            if refused:
+                # Kept out of every systemctl call: `show` of such a name fails, and ends a batched
+                # `show` there (bus: "Unknown object").
+                out[r.id] = ObserveError(refused)
             else:
                 todo.append(r)
         if not todo:
@@ -94,11 +112,13 @@ class UnitsReconciler(Reconciler):
         if len(todo) == 1:
             # One unit: a single `show` (~13 ms) costs less than the listings it would replace, and
             # a recovery's one unit usually drifts, which would mean a `show` after them anyway.
-            shown = self._show(host, [todo[0].name])
+            # Whether systemd held it in memory is not known here, so its unit-file state is read
+            # from the disk as well (stale=None: the unit may be stale).
+            shown = self._show(host, [todo[0].name], None)
             out[todo[0].id] = shown[todo[0].name]
             return out
         listed, files = self._listings(host, [r.name for r in todo])
-        by_name: dict[str, UnitObserved] = {}
+        by_name: dict[str, UnitObserved | ObserveError] = {}
         ask = []
         for r in todo:
             seen = self._from_listings(r.name, listed.get(r.name), files)
@@ -108,7 +128,7 @@ class UnitsReconciler(Reconciler):
             else:
                 by_name[r.name] = seen
         if ask:
-            by_name.update(self._show(host, ask))
+            by_name.update(self._show(host, ask, {n for n in ask if n in listed}))
         out.update({r.id: by_name[r.name] for r in todo})
         return out
 
@@ -122,7 +142,7 @@ class UnitsReconciler(Reconciler):
             try:
                 res = host.run(list(UNIT_PATH), timeout=CALL_TIMEOUT)
                 if res.ok and res.stdout.split():
-                    found["files"] = UnitFiles(res.stdout.split(), host.read_text)
+                    found["files"] = UnitFiles(res.stdout.split())
             except Exception:
                 pass  # whatever goes wrong here only costs time: systemd is asked instead
 
@@ -162,16 +182,71 @@ class UnitsReconciler(Reconciler):
             return None
         return UnitObserved(name, load, active, sub, file_state, 0, path)
 
-    @staticmethod
-    def _show(host: Host, names: list[str]) -> dict[str, UnitObserved]:
+    def _show(self, host: Host, names: list[str], stale: set[str] | None) -> dict[str, UnitObserved | ObserveError]:
+        """`systemctl show` of these units, in one call; then, for those systemd may hold in memory
+        with a state worked out before the last change on disk (`stale`; None: any of them), the
+        disk's own answer (`list-unit-files`, one call), and for `bad` ones the reason systemd
+        gives (`is-enabled`)."""
+        check = [n for n in names if stale is None or n in stale]
+        disk: dict[str, str] = {}
+        worker = None
+        if check:
+            def from_disk() -> None:
+                try:
+                    res = host.run([*LIST_UNIT_FILES, *check], timeout=CALL_TIMEOUT)
+                    if res.ok:
+                        disk.update(parse_list_unit_files(res.stdout))
+                except Exception:
+                    disk.clear()  # the states show gave stand
+            worker = threading.Thread(target=from_disk, daemon=True)
+            worker.start()
         try:
-            res = host.run(["systemctl", "show", "--no-pager", "-p", ",".join(PROPERTIES), "--", *names],
-                           timeout=CALL_TIMEOUT)
+            shown = self._show_all(host, names)
+        finally:
+            if worker:
+                worker.join()
+        for name, seen in shown.items():
+            if not isinstance(seen, UnitObserved):
+                continue
+            # Only for the unit's own name: `show ALIAS` reports the unit the alias names.
+            # Only where show gave a state at all: a unit without a unit file the manager uses
+            # (not-found, a .scope file, a slice it makes up) has none in either answer of show.
+            if (name in disk and seen.unit_id in ("", name) and seen.exists and seen.unit_file_state
+                    and disk[name] != seen.unit_file_state):
+                seen = shown[name] = replace(seen, unit_file_state=disk[name])
+            if seen.unit_file_state == "bad":
+                shown[name] = replace(seen, unit_file_error=self._why_bad(host, seen.unit_id or name))
+        return shown
+
+    @staticmethod
+    def _show_all(host: Host, names: list[str]) -> dict[str, UnitObserved | ObserveError]:
+        argv = ["systemctl", "show", "--no-pager", "-p", ",".join(PROPERTIES), "--"]
+        try:
+            res = host.run([*argv, *names], timeout=CALL_TIMEOUT)
+            if res.ok:
+                return dict(parse_show(res.stdout, names))
+            if len(names) == 1:
+                raise ObserveError(f"cannot read unit state from systemd: {res.brief()}")
+            # One name systemd cannot resolve ends a batched show after the blocks before it: ask
+            # for each unit on its own, so the others are still read.
+            out: dict[str, UnitObserved | ObserveError] = {}
+            for name in names:
+                one = host.run([*argv, name], timeout=CALL_TIMEOUT)
+                out[name] = parse_show(one.stdout, [name])[name] if one.ok else ObserveError(
+                    f"cannot read unit state from systemd: {one.brief()}")
+            return out
         except CommandTimeout as exc:
             raise ObserveError(str(exc)) from None
-        if not res.ok:
-            raise ObserveError(f"cannot read unit state from systemd: {res.brief()}")
-        return parse_show(res.stdout, names)
+
+    @staticmethod
+    def _why_bad(host: Host, name: str) -> str:
+        """What `systemctl is-enabled` says of a unit whose UnitFileState is bad: the error
+        systemd met reading its unit file ("Invalid argument", "Bad message", ...)."""
+        try:
+            res = host.run([*IS_ENABLED, name], timeout=CALL_TIMEOUT)
+        except Exception:
+            return ""
+        return is_enabled_error(res.stderr) if not res.ok else ""
 
     def diff(self, resource: Resource, observed: UnitObserved) -> list[Drift]:
         drift = []
@@ -207,7 +282,12 @@ class UnitsReconciler(Reconciler):
         want_enabled = fields["enabled"].want if "enabled" in fields else None
         have_enabled = observed.enabled
         if want_enabled is not None:
-            if want_enabled == "masked":
+            if have_enabled == MASK_PENDING:
+                # Masked on disk by hand, not yet loaded so: `systemctl mask` (link already there)
+                # or `unmask` reloads systemd, which puts the disk's word in force.
+                verb = "mask" if want_enabled == "masked" else "unmask"
+                actions.append(Action(verb, name, f"{verb} {name}"))
+            elif want_enabled == "masked":
                 if observed.fragment_path.startswith(ADMIN_UNIT_DIR):
                     blocked.append(
                         f"{name} cannot be masked: its unit file is {observed.fragment_path}, which a mask "
@@ -220,6 +300,10 @@ class UnitsReconciler(Reconciler):
                 actions.append(Action("unmask", name, f"unmask {name}"))
                 # What the unit is after unmasking cannot be seen while it is masked; the
                 # engine observes again and plans the enable/disable that may still be needed.
+            elif have_enabled == "bad":
+                why = f" ({observed.unit_file_error})" if observed.unit_file_error else ""
+                blocked.append(f"{name} is bad: systemd cannot read its unit file{why}, so systemctl "
+                               f"{'enable' if want_enabled else 'disable'} would fail; fix the unit file")
             elif have_enabled in UNCHANGEABLE or isinstance(have_enabled, str):
                 blocked.append(
                     f"{name} is {have_enabled}: it has no [Install] section of its own and cannot be "

@@ -18,6 +18,15 @@ MASKED = {"masked", "masked-runtime"}
 # a unit waiting out RestartSec= after its process died, which will come back by itself.
 RUNNING = {"active", "reloading", "activating", "deactivating", "refreshing"}
 LIST_UNITS = ("systemctl", "list-units", "--all", "--full", "--plain", "--no-legend", "--no-pager", "--")
+# GetUnitFileState's answers for many names in one call, read from the disk now (ListUnitFiles-
+# ByPatterns, install.c:unit_file_get_list), where `show` may repeat what the manager worked out
+# when it loaded the unit. Lists only names with a file or link of their own (no instances of a
+# template, no hidden names); a unit file systemd cannot read is listed "bad", never an error.
+LIST_UNIT_FILES = ("systemctl", "list-unit-files", "--full", "--plain", "--no-legend", "--no-pager", "--")
+IS_ENABLED = ("systemctl", "is-enabled", "--no-pager", "--")
+# `enabled` of a unit masked on disk that systemd still holds loaded, not masked: the mask takes
+# effect at the next daemon-reload (systemctl mask/unmask/enable/disable do one).
+MASK_PENDING = "masked on disk, not yet in effect (daemon-reload pending)"
 UNIT_PATH = ("systemctl", "show", "--no-pager", "-p", "UnitPath", "--value")
 # list-units takes its arguments as fnmatch patterns: for a name with one of these in it, not
 # being listed would not prove that systemd does not hold the unit.
@@ -43,6 +52,8 @@ class UnitObserved:
     unit_file_state: str  # enabled, disabled, static, masked, ... ("" when not found)
     main_pid: int
     fragment_path: str = ""
+    unit_id: str = ""  # the unit the name resolved to (show's Id; another name for an alias)
+    unit_file_error: str = ""  # why the unit file is "bad", as `systemctl is-enabled` says
 
     @property
     def exists(self) -> bool:
@@ -57,8 +68,12 @@ class UnitObserved:
         """The value comparable with the declared `enabled`: True, False, 'masked', or the raw
         UnitFileState where it is neither (static, indirect, generated, ...)."""
         state = self.unit_file_state
-        if state in MASKED or self.load_state == "masked":
+        if self.load_state == "masked":
             return "masked"
+        if state in MASKED:
+            # masked on disk; in force only once systemd loads the unit so (not in memory yet, or
+            # after a daemon-reload): a unit it holds loaded can still be started.
+            return "masked" if self.load_state in ("", "not-found") else MASK_PENDING
         if state in ENABLED:
             return True
         if state in ("disabled", "") or not self.exists:
@@ -98,6 +113,7 @@ def parse_show(output: str, names: Sequence[str]) -> dict[str, UnitObserved]:
             unit_file_state=props.get("UnitFileState", ""),
             main_pid=pid,
             fragment_path=props.get("FragmentPath", ""),
+            unit_id=props.get("Id", ""),
         )
     return observed
 
@@ -118,3 +134,21 @@ def parse_list_units(output: str) -> dict[str, tuple[str, str, str]]:
             raise ObserveError(f"unexpected line from systemctl list-units: {line.strip()!r}")
         rows[words[0]] = (words[1], words[2], words[3])
     return rows
+
+
+def parse_list_unit_files(output: str) -> dict[str, str]:
+    """`systemctl list-unit-files --plain --no-legend` rows: UNIT-FILE STATE [VENDOR-PRESET]."""
+    rows = {}
+    for line in output.splitlines():
+        words = line.split()
+        if len(words) >= 2:
+            rows[words[0]] = words[1]
+    return rows
+
+
+def is_enabled_error(stderr: str) -> str:
+    """The reason in `systemctl is-enabled`'s last error line (`Failed to get unit file state for
+    NAME: REASON`, systemctl-is-enabled.c; `Failed to look up unit file state: REASON` from its
+    SysV check): an strerror() text."""
+    lines = stderr.strip().splitlines()
+    return lines[-1].rsplit(": ", 1)[-1].strip() if lines else ""

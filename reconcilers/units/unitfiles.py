@@ -1,191 +1,250 @@
 """The in-process unit-file reader: a unit's UnitFileState worked out from the manager's unit
-search path and the units' [Install] sections, for the plain cases only; everything else is
-handed to `systemctl show` (see the package docstring)."""
+search path, for the cases where it can follow systemd 252 exactly; every other unit is handed
+to `systemctl show` (see the package docstring).
+
+It answers what `systemctl is-enabled` would (install.c:unit_file_lookup_state reads the disk
+each time it is asked), which is also what `show` says for a unit systemd loads for the
+question. For a unit systemd holds in memory, `show` repeats the state it worked out when it
+loaded the unit, until a daemon-reload; the disk's answer is the one reconcile reports (what the
+next boot and `systemctl enable/disable` act on; docs/units.md, "daemon-reload")."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-# Where a unit file's state depends only on its [Install] section and on links to it. Units in
-# the control, attached, transient and generator directories are left to systemd.
+from .syntax import Unsure, hidden_or_backup, name_kind, parse_all, unit_type
+
+# Where a regular unit file's state depends only on its [Install] section and on links to it
+# (not generated, not transient: install.c:path_is_generator, path_is_transient; the control
+# and attached directories are left to systemd too).
 INSTALL_DIRS = frozenset({"/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system",
                           "/usr/lib/systemd/system", "/lib/systemd/system"})
-# systemd reports "enabled" as soon as this directory holds a NAME link in a *.wants or
-# *.requires directory (its `persistent_config`), whatever other links there are.
+# install.c:find_symlinks_in_scope: links found in this directory (lp->persistent_config) make a
+# unit "enabled" at once; links found anywhere under /run (path_is_runtime), "enabled-runtime".
 PERSISTENT_CONFIG = "/etc/systemd/system"
+# Unit types the manager never loads from a unit file (scope: made through the bus; device: by
+# udev): `show` says not-found and no UnitFileState for them, whatever is-enabled reads on disk.
+NO_UNIT_FILES = frozenset({"scope", "device"})
+
+_REGULAR, _LINK, _OTHER = "regular", "link", "other"
 
 
-def parse_install(text: str) -> tuple[bool, bool] | None:
-    """(has rules, has Also=) of a unit file's [Install] section, as systemd's install logic reads
-    it: WantedBy=/RequiredBy=/Alias= make a unit "disabled" rather than "static", Also= alone
-    makes it "indirect". An empty assignment resets the list. None where this simple reading might
-    differ from systemd's (continuation lines in [Install], specifiers, quotes, .include,
-    UpheldBy=, which older systemd ignores): the caller then asks systemd."""
-    keys = {"WantedBy": [], "RequiredBy": [], "Alias": [], "Also": []}
-    section = None
-    continued = False
-    for raw in text.splitlines():
-        line = raw.strip()
-        if continued:
-            # Part of the previous line (an ExecStart= spread over lines, say): it cannot start a
-            # section. A comment line in between is where versions of systemd differ.
-            if section == "Install" or line.startswith(("[", "#", ";")):
-                return None
-            continued = line.endswith("\\")
-            continue
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.endswith("\\"):
-            if section == "Install" or line.startswith("["):
-                return None
-            continued = True
-            continue
-        if line.startswith("["):
-            if not line.endswith("]"):
-                return None
-            section = line[1:-1]
-            continue
-        if line.startswith(".include"):
-            return None
-        if section != "Install":
-            continue
-        key, sep, value = line.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or key == "UpheldBy" or (key in keys and any(c in value for c in "%\"'\\")):
-            return None
-        if key in keys:
-            keys[key] = keys[key] + value.split() if value else []
-    has_rules = bool(keys["WantedBy"] or keys["RequiredBy"] or keys["Alias"])
-    return has_rules, bool(keys["Also"])
+class _Dir:
+    """One directory of the search path, read once: the kind of every entry (for the lookup of a
+    name, which sees hidden names too), the top-level links that are not hidden
+    (find_symlinks_in_directory(ignore_destination=false)), and the names of the links in its
+    *.wants/ and *.requires/ subdirectories (find_symlinks: matched by name, never followed)."""
 
+    __slots__ = ("path", "entries", "links", "wants")
 
-def has_install_section(text: str) -> bool:
-    """Whether a drop-in may change the [Install] section (systemd 252 reads drop-ins' too)."""
-    return any(line.strip().startswith("[Install") for line in text.splitlines())
+    def __init__(self, path: str, root: str, same_as: _Dir | None = None):
+        self.path = path
+        if same_as is not None:  # the same directory under another name (/lib is /usr/lib)
+            self.entries, self.links, self.wants = same_as.entries, same_as.links, same_as.wants
+            return
+        self.entries: dict[str, tuple[str, str | None]] = {}  # name -> (kind, link target)
+        # (link name, basename of what it points to); the basename does not depend on the
+        # directory the link is in, so the listing can be shared with the directory's other names
+        self.links: list[tuple[str, str]] = []
+        self.wants: set[str] = set()
+        try:
+            it = os.scandir(root + path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        with it:
+            for e in it:
+                name = e.name
+                if e.is_symlink():
+                    target = os.readlink(e.path)
+                    self.entries[name] = (_LINK, target)
+                    if not hidden_or_backup(name):
+                        self.links.append((name, os.path.basename(target)))
+                elif e.is_dir(follow_symlinks=False):
+                    self.entries[name] = (_OTHER, None)
+                    if name.endswith((".wants", ".requires")) and not hidden_or_backup(name):
+                        self._scan_wants(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    self.entries[name] = (_REGULAR, None)
+                else:
+                    self.entries[name] = (_OTHER, None)  # a FIFO, socket or device: never opened here
+
+    def _scan_wants(self, path: str) -> None:
+        try:
+            with os.scandir(path) as it:
+                for e in it:
+                    if e.is_symlink() and not hidden_or_backup(e.name):
+                        self.wants.add(e.name)
+        except OSError:
+            pass  # find_symlinks: "Failed to open directory ..., ignoring"
 
 
 class UnitFiles:
-    """The unit search path read once: the first file or link of each name (the one systemd
-    uses), every symlink (a link to a unit is what makes it enabled, indirect or linked), and
-    the drop-in directories. `state(name)` is the UnitFileState systemd would report, for the
-    plain cases only (systemd 252's unit_file_lookup_state, checked against it in tests):
+    """The unit search path read once. `state(name)` is the UnitFileState systemd 252 would
+    report (install.c:unit_file_lookup_state), or None where this reader is not certain to match
+    it. It settles a plain name (no @) whose first entry in the search path is
 
-    - the first entry of the name is a link to /dev/null: masked (masked-runtime under /run);
-    - else it must be a non-empty regular file in one of INSTALL_DIRS, then
-      - a NAME link to NAME in /etc/systemd/system/*.wants/ or *.requires/: enabled;
-      - no symlink anywhere named NAME or pointing to NAME (directly or through an alias
-        link): disabled, indirect or static, by its [Install] section.
+    - a link to /dev/null, or an empty regular file: masked (masked-runtime under /run);
+    - a non-empty regular file in one of INSTALL_DIRS, whose file and drop-ins (NAME.d/*.conf)
+      `syntax.parse_install` reads without doubt: then enabled / enabled-runtime / indirect by
+      the links to it (find_symlinks_in_scope), else disabled / indirect / static by its
+      [Install] lists.
 
-    Everything else is None, for systemd to answer: aliases, linked units, links in /run or in
-    vendor directories, drop-ins with an [Install] section, an [Install] section read as
-    `parse_install` cannot be sure of. Costs one readlink per symlink and one read per declared
-    unit file, where systemd scans every directory again for each unit. `root` is prepended to
-    every path read (tests), never to the paths reported."""
+    Everything else is systemd's to answer: instances, aliases and linked unit files, generated
+    and transient units, names not found, entries that are not files, files systemd would call
+    `bad`. Costs one scandir per directory and one readlink per link, once, and one read per
+    declared unit file (and drop-in), where systemd scans every directory again for each unit.
+    `root` is prepended to every path read (tests), never to the paths reported."""
 
-    def __init__(self, search_path: Sequence[str], read_text: Callable[[str], str] | None = None, root: str = ""):
-        self.read_text = read_text or _read_text
+    def __init__(self, search_path: Sequence[str], root: str = ""):
         self.root = root
-        # name -> (path, link target; None for a regular file, "" for neither)
-        self.first: dict[str, tuple[str, str | None]] = {}
-        self.links: list[tuple[str, str]] = []  # (link name, target) of every symlink
-        self.aliases: dict[str, set[str]] = {}  # top-level link name -> names of what it points to
-        self.enabled: set[str] = set()  # names linked from /etc/systemd/system/*.wants|*.requires
-        self.dropin_dirs: dict[str, list[str]] = {}  # "NAME.d" -> its paths
-        self._referenced: set[str] | None = None
-        for top in search_path:
-            self._scan_top(top.rstrip("/") or "/")
-
-    def _scan_top(self, top: str) -> None:
-        try:
-            entries = list(os.scandir(self.root + top))
-        except FileNotFoundError:
-            return
-        for e in entries:
-            path = f"{top}/{e.name}"
-            if e.name.endswith(".d"):
-                self.dropin_dirs.setdefault(e.name, []).append(path)
-            if e.is_symlink():
-                target = os.readlink(e.path)
-                self.links.append((e.name, target))
-                self.aliases.setdefault(e.name, set()).add(os.path.basename(target))
-                self.first.setdefault(e.name, (path, target))
-            elif e.is_dir(follow_symlinks=False):
-                wants = top == PERSISTENT_CONFIG and e.name.endswith((".wants", ".requires"))
-                self._scan_links(e.path, wants)
-            else:
-                # A regular file; anything else (a FIFO, say) is not read here: state() defers.
-                self.first.setdefault(e.name, (path, None if e.is_file(follow_symlinks=False) else ""))
-
-    def _scan_links(self, path: str, wants: bool, depth: int = 1) -> None:
-        # Every symlink below the top level, not just in *.wants: more links than systemd looks at
-        # only means more units left to systemd, never a wrong state.
-        for e in os.scandir(path):
-            if e.is_symlink():
-                target = os.readlink(e.path)
-                self.links.append((e.name, target))
-                if wants and os.path.basename(target) == e.name:
-                    self.enabled.add(e.name)
-            elif e.is_dir(follow_symlinks=False) and depth < 8:
-                self._scan_links(e.path, False, depth + 1)
-
-    def referenced(self) -> set[str]:
-        """Names some symlink has or points to, through chains of alias links."""
-        if self._referenced is None:
-            seen: set[str] = set()
-            for name, target in self.links:
-                seen.add(name)
-                todo = [os.path.basename(target)]
-                while todo:
-                    n = todo.pop()
-                    if n not in seen:
-                        seen.add(n)
-                        todo.extend(self.aliases.get(n, ()))
-            self._referenced = seen
-        return self._referenced
+        self.search_path = [p.rstrip("/") or "/" for p in search_path]
+        self.dirs: list[_Dir] = []
+        by_real: dict[str, _Dir] = {}
+        for p in self.search_path:
+            real = os.path.realpath(root + p)
+            d = _Dir(p, root, by_real.get(real))
+            by_real.setdefault(real, d)
+            self.dirs.append(d)
 
     def state(self, name: str) -> tuple[str, str] | None:
         """(UnitFileState, unit file path) where it is certain; None: ask systemd."""
-        entry = self.first.get(name)
-        if entry is None:
-            return None  # no unit file: not found, or a unit made without one (device, mount, scope)
-        path, target = entry
-        if target is not None:
+        if name_kind(name) != "plain" or unit_type(name) in NO_UNIT_FILES:
+            return None
+        found = self._first(name)
+        if found is None:
+            return None  # not found, or a unit without a unit file (init.scope, a device)
+        d, (kind, target) = found
+        path = f"{d.path}/{name}"
+        runtime = path.startswith("/run/")  # install.c:path_is_runtime
+        if kind == _LINK:
+            # unit_file_load_or_readlink: a link out of the search path to /dev/null is a mask.
             if target == "/dev/null":
-                return ("masked-runtime" if path.startswith("/run/") else "masked"), path
-            return None  # an alias, a linked unit file, not a file at all
-        if os.path.dirname(path) not in INSTALL_DIRS:
+                return ("masked-runtime" if runtime else "masked"), path
+            return None  # an alias, a linked unit file, a dangling or looping link
+        if kind != _REGULAR or d.path not in INSTALL_DIRS:
+            return None  # a directory (EISDIR: bad), a FIFO, socket or device; generated, transient
+        try:
+            with open(self.root + path, "rb") as fh:
+                main = fh.read()
+        except OSError:
+            return None
+        if not main:
+            # stat-util.c:null_or_empty: an empty unit file masks the unit (unit_file_load).
+            return ("masked-runtime" if runtime else "masked"), path
+        dropins = self._dropins(name)
+        if dropins is None:
             return None
         try:
-            text = self.read_text(self.root + path)
-        except (OSError, UnicodeDecodeError):
+            info = parse_all([main, *dropins], unit_type(name))
+        except Unsure:
             return None
-        rules = parse_install(text) if text else None  # an empty unit file masks the unit
-        if rules is None or self._dropins_touch_install(name):
+        links = self._links(name, d.path, info.aliases)
+        if links is None:
             return None
-        if name in self.enabled:
-            return "enabled", path
-        if name in self.referenced():
-            return None
-        has_rules, has_also = rules
-        return ("disabled" if has_rules else "indirect" if has_also else "static"), path
+        if links:
+            return links, path
+        return ("disabled" if info.has_rules else "indirect" if info.also else "static"), path
 
-    def _dropins_touch_install(self, name: str) -> bool:
-        stem, _, suffix = name.rpartition(".")
-        dirs = [f"{name}.d", f"{suffix}.d"]  # the unit's own, and those for every unit of its type
-        parts = stem.split("-")
-        dirs += [f"{'-'.join(parts[:i])}-.{suffix}.d" for i in range(1, len(parts))]  # foo-.service.d
-        for d in dirs:
-            for path in self.dropin_dirs.get(d, ()):
-                try:
-                    for conf in os.scandir(self.root + path):
-                        if has_install_section(self.read_text(conf.path)):
-                            return True
-                except (OSError, UnicodeDecodeError):
-                    return True
-        return False
+    def _first(self, name: str) -> tuple[_Dir, tuple[str, str | None]] | None:
+        """install.c:unit_file_search: the first directory of the search path with an entry of
+        this name (looked up directly, so hidden names are found; any entry ends the search, a
+        directory too: it makes the unit bad)."""
+        for d in self.dirs:
+            entry = d.entries.get(name)
+            if entry is not None:
+                return d, entry
+        return None
 
+    def _dropins(self, name: str) -> list[bytes] | None:
+        """install.c:unit_file_search, conf-files.c:conf_files_list_strv: NAME.d/*.conf in every
+        directory of the search path (not the type-wide service.d/ nor the prefix foo-.service.d/:
+        only the manager reads those, and they do not change the state), hidden and backup names
+        skipped, a file name in an earlier directory hiding the same name later, read in the
+        order of their names. None where a drop-in is anything but a regular file (a directory
+        or a dangling link makes the unit bad; a link is left to systemd)."""
+        chosen: dict[str, str] = {}
+        seen_dirs: set[str] = set()
+        for d in self.dirs:
+            kind = d.entries.get(f"{name}.d")
+            if kind is None:
+                continue
+            if kind[0] == _LINK:
+                return None  # chase_symlinks_and_opendir follows it: not ported
+            if kind[0] != _OTHER:
+                continue  # a file named NAME.d: opendir fails, ignored
+            real = os.path.realpath(self.root + d.path)  # path_strv_resolve_uniq: /lib = /usr/lib
+            if real in seen_dirs:
+                continue
+            seen_dirs.add(real)
+            try:
+                with os.scandir(f"{self.root}{d.path}/{name}.d") as it:
+                    for e in it:
+                        if e.name.endswith(".conf") and not hidden_or_backup(e.name):
+                            if not e.is_file(follow_symlinks=False):
+                                return None
+                            chosen.setdefault(e.name, e.path)
+            except NotADirectoryError:
+                continue
+            except OSError:
+                return None
+        out = []
+        for conf in sorted(chosen, key=os.fsencode):  # conf-files.c: base_cmp
+            try:
+                with open(chosen[conf], "rb") as fh:
+                    out.append(fh.read())  # an empty drop-in is skipped by config_parse anyway
+            except OSError:
+                return None
+        return out
 
-def _read_text(path: str) -> str:
-    with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-        return fh.read()
+    def _links(self, name: str, unit_dir: str, aliases: list[str]) -> str | None:
+        """install.c:unit_file_lookup_state's two calls of find_symlinks_in_scope, for a plain
+        name whose unit file is a regular file in `unit_dir`: "enabled" or "enabled-runtime"
+        (links with a known name), "indirect" (links with any name), "" (neither), None where
+        the port stops (a same-name link: linked, linked-runtime)."""
+        known = {name, *aliases}  # is_symlink_with_known_name
+        for match_name in (True, False):
+            found = self._in_scope(name, unit_dir, known, match_name)
+            if found is None or found:
+                return found if match_name or not found else "indirect"
+        return ""
+
+    def _in_scope(self, name: str, unit_dir: str, known: set[str], match_name: bool) -> str | None:
+        """install.c:find_symlinks_in_scope: links found in /etc/systemd/system make the unit
+        enabled at once; links anywhere under /run, enabled-runtime; links elsewhere (vendor,
+        control, attached directories) count for instances only, so not here."""
+        enabled_in_runtime = same_name = False
+        ignore_same_name = False
+        for d in self.dirs:
+            found, same = self._find_symlinks(d, name, known, match_name, ignore_same_name)
+            runtime = d.path == "/run" or d.path.startswith("/run/")  # path_is_runtime
+            if found:
+                if d.path == PERSISTENT_CONFIG:
+                    return "enabled"
+                enabled_in_runtime = enabled_in_runtime or runtime
+            elif same and (d.path == PERSISTENT_CONFIG or runtime):
+                same_name = True
+            if not ignore_same_name and (unit_dir == d.path or unit_dir.startswith(d.path + "/")):
+                ignore_same_name = True  # the directories after the unit file's own
+        if enabled_in_runtime:
+            return "enabled-runtime"
+        return None if same_name else ""
+
+    @staticmethod
+    def _find_symlinks(d: _Dir, name: str, known: set[str], match_name: bool,
+                       ignore_same_name: bool) -> tuple[bool, bool]:
+        """install.c:find_symlinks for one directory: (found, same-name link seen). In *.wants/
+        and *.requires/ a link counts by its name alone (a plain name is never a template's);
+        at the top level a link counts if it points to something of this name and its own name
+        is known (match_name), or at all (not match_name)."""
+        if name in d.wants:
+            return True, False
+        same_name = False
+        for link, dest in d.links:
+            found_dest = dest == name
+            found_path = not ignore_same_name and link == name
+            if found_path and found_dest:
+                same_name = True
+            elif (found_path or found_dest) and (not match_name or link in known):
+                return True, same_name
+        return False, same_name
