@@ -179,6 +179,8 @@ def run_host(h: InventoryHost, command: str, opts: remote.RemoteOptions, *, dry_
         state = remote.read_state(h.state)
         info = remote.handshake(target)
         where = journal.replace("{host}", h.name) if journal else h.journal
+        if command != "apply":
+            where = None  # a host's journal is apply's; diff has no --journal to pass it to
         request = remote.Request(command, state, h.state, dry_run, where, lock_timeout, run_timeout)
         doc = remote.execute(target, request, info)
         return HostResult(h, int(doc.get("exit_code", 1)), time.monotonic() - t0, report=doc)
