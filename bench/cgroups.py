@@ -111,6 +111,17 @@ class Group:
         name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
         return int((self.mem_dir / name).read_text())
 
+    def reset_peak(self) -> bool:
+        """Start the high-water mark afresh (v1: write 0; v2: any write, Linux 6.12 and later)."""
+        if self.mem_dir is None:
+            return False
+        name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
+        try:
+            (self.mem_dir / name).write_text("0")
+            return True
+        except OSError:
+            return False
+
     def pids(self) -> list[int]:
         if not self.dirs:
             return []

@@ -14,13 +14,15 @@ from cgroups import Group
 from common import TARGET_FLEET_ANSIBLE, TARGET_FLEET_PYINFRA, log, median
 from fleet import FleetScenario
 
-TOOLS = ("reconcile", "pyinfra", "ansible")
-
 
 class Fleet(FleetScenario):
-    def measure(self, job: dict, name: str) -> dict:
-        """Run one job in a fresh cgroup; what it used, and what it printed."""
-        grp = Group(f"{self.cg_prefix}-{name}")
+    def measure(self, job: dict, name: str, grp: Group | None = None, keep: bool = False) -> dict:
+        """Run one job in a fresh cgroup (or in `grp`, counting from now); what it used, and what it
+        printed. Unless `keep`, what it left running (ssh masters) is stopped afterwards."""
+        fresh = grp is None
+        grp = grp or Group(f"{self.cg_prefix}-{name}")
+        cpu0 = (0.0, 0.0) if fresh else grp.cpu()
+        peak_ok = fresh or grp.reset_peak()
         out_path = self.work / f"{name}.log"
         t_cpu0 = sum(self.targets.cpu())
         with open(out_path, "wb") as out:
@@ -30,21 +32,24 @@ class Fleet(FleetScenario):
             _, status, usage = os.wait4(proc.pid, 0)
             wall = time.perf_counter() - t0
         t_cpu = sum(self.targets.cpu()) - t_cpu0
-        user, system = grp.cpu()
-        peak = grp.peak_bytes()
+        user, system = (now - before for now, before in zip(grp.cpu(), cpu0, strict=True))
+        peak = grp.peak_bytes() if peak_ok else None
         exact = grp.available
         if not exact:  # no cgroup: what wait4 saw (misses daemonised ssh masters)
             user, system, peak = usage.ru_utime, usage.ru_stime, usage.ru_maxrss * 1024
-        left = grp.stop_all()  # the ssh masters a tool leaves behind (ControlPersist)
-        grp.remove()
-        for d in (self.work / "run" / "reconcile-ssh", self.work / "acp"):
-            for sock in d.glob("*") if d.is_dir() else ():
-                sock.unlink(missing_ok=True)  # stale sockets of killed masters: every run starts cold
+        left = 0
+        if not keep:
+            left = grp.stop_all()  # the ssh masters a tool leaves behind (ControlPersist)
+            grp.remove()
+            for d in (self.work / "run" / "reconcile-ssh", self.work / "acp"):
+                for sock in d.glob("*") if d.is_dir() else ():
+                    sock.unlink(missing_ok=True)  # stale sockets of killed masters: every run starts cold
         text = out_path.read_text(errors="replace")
-        return {"wall": wall, "user": user, "sys": system, "cpu": user + system, "peak_mib": (peak or 0) / 2**20,
-                "target_cpu": t_cpu, "rc": os.waitstatus_to_exitcode(status), "left_behind": left,
-                "cgroup": exact, "problems": self.check(job, text, os.waitstatus_to_exitcode(status)),
-                "tail": text[-3000:]}
+        rc = os.waitstatus_to_exitcode(status)
+        return {"wall": wall, "user": user, "sys": system, "cpu": user + system,
+                "peak_mib": None if peak is None else peak / 2**20, "target_cpu": t_cpu, "rc": rc,
+                "left_behind": left, "cgroup": exact, "problems": self.check(job, text, rc), "tail": text[-3000:],
+                "group": grp if keep else None}
 
     @staticmethod
     def check(job: dict, text: str, rc: int) -> list[str]:
@@ -64,7 +69,12 @@ class Fleet(FleetScenario):
         out: dict = {}
         for i, n in enumerate(counts):
             jobs = self.fleet_jobs(n)
-            out[n] = {j["tool"]: {"label": j["label"], "runs": [], "warmup": None} for j in jobs}
+            out[n] = {}
+            for j in jobs:
+                out[n][j["tool"]] = {"label": j["label"], "runs": [], "warmup": None}
+                if j.get("warm"):
+                    out[n][j["warm"]] = {"label": f"{j['label']}, connections kept from the run before "
+                                                  "(ControlPersist)", "runs": [], "warmup": None}
             for job in jobs:
                 # reconcile's steady state has each host's validated-state cache and integrity
                 # record: warm every host; the peers keep nothing per host (byte-code only).
@@ -77,14 +87,25 @@ class Fleet(FleetScenario):
             for rep in range(runs):
                 load = os.getloadavg()[0]
                 for job in jobs:
-                    r = self.measure(job, f"{job['tool']}-{n}-{rep}")
-                    r["load"] = load
-                    out[n][job["tool"]]["runs"].append(r)
-                    log(f"  {job['tool']:9s} {n:3d} hosts: wall {r['wall']:6.2f}s, controller CPU {r['cpu']:6.2f}s, "
-                        f"peak {r['peak_mib']:5.0f} MiB, targets' CPU {r['target_cpu']:6.2f}s, exit {r['rc']}")
-                    for p in r["problems"]:
-                        log(f"  WARNING {job['tool']} {n} hosts: {p}")
+                    warm = job.get("warm")
+                    r = self.measure(job, f"{job['tool']}-{n}-{rep}", keep=bool(warm))
+                    grp = r.pop("group")
+                    self._record(out[n], job, r, n, load)
+                    if warm:  # the same run again at once: the connections kept by ControlPersist
+                        w = self.measure(job, f"{job['tool']}-{n}-{rep}-warm", grp=grp)
+                        self._record(out[n], {**job, "tool": warm}, w, n, load)
         self.results["fleet"] = {str(n): v for n, v in out.items()}
+
+    @staticmethod
+    def _record(where: dict, job: dict, r: dict, n: int, load: float) -> None:
+        r["load"] = load
+        r.pop("group", None)
+        where[job["tool"]]["runs"].append(r)
+        peak = "?" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
+        log(f"  {job['tool']:14s} {n:3d} hosts: wall {r['wall']:6.2f}s, controller CPU {r['cpu']:6.2f}s, "
+            f"peak {peak:>4s} MiB, targets' CPU {r['target_cpu']:6.2f}s, exit {r['rc']}")
+        for p in r["problems"]:
+            log(f"  WARNING {job['tool']} {n} hosts: {p}")
 
     def breakdown_fleet(self, reps: int = 7) -> None:
         """Where one host's time goes: the connection, a bare interpreter, the handshake, the run,
@@ -171,7 +192,7 @@ class Fleet(FleetScenario):
                 lines.append(
                     f"| {n} | {t['label']} | {wall:.2f} | {median([r['cpu'] for r in rs]):.2f} "
                     f"({median([r['user'] for r in rs]):.2f}+{median([r['sys'] for r in rs]):.2f}) | "
-                    f"{median([r['peak_mib'] for r in rs]):.0f} | {median([r['target_cpu'] for r in rs]):.2f} | "
+                    f"{peak_cell(rs)} | {median([r['target_cpu'] for r in rs]):.2f} | "
                     f"{wall / base:.1f}× | {','.join(map(str, sorted({r['rc'] for r in rs})))} |")
         counts = sorted(fleet, key=int)
         if len(counts) > 1:
@@ -214,3 +235,8 @@ class Fleet(FleetScenario):
                 out.append((t >= want * base, f"{n} hosts: ≥ {want:g}× faster than {tools[tool]['label']}: "
                                               f"{t / base:.1f}× ({base:.2f} s against {t:.2f} s)"))
         return out
+
+
+def peak_cell(rs: list[dict]) -> str:
+    peaks = [r["peak_mib"] for r in rs if r["peak_mib"] is not None]
+    return f"{median(peaks):.0f}" if peaks else "n/a"
