@@ -113,7 +113,7 @@ class FleetScenario(Scenario):
         hostkey = " ".join((self.keys / "host_key.pub").read_text().split()[:2])
         (self.keys / "known_hosts").write_text("".join(f"[127.0.0.1]:{h['port']} {hostkey}\n" for h in self.hosts))
         self.state = self.work / "fleet-state.yaml"
-        self.state.write_text(self.state_yaml())
+        self.state.write_text(self.state_yaml(total=self.args.fleet_files))
         for h in self.hosts:
             h["dir"].mkdir(parents=True)
             (h["dir"] / "state.yaml").write_text(self.state.read_text())
@@ -190,10 +190,18 @@ class FleetScenario(Scenario):
         return [f"IdentityFile={self.keys / 'client_key'}", "IdentitiesOnly=yes",
                 f"UserKnownHostsFile={self.keys / 'known_hosts'}", "StrictHostKeyChecking=yes"]
 
-    def remote_command(self, h: dict) -> str:
+    def remote_command(self, h: dict, script: str | None = None, tag: str = "") -> str:
         """reconcile on the target as installed there, with this host's own cache and records."""
         d = h["dir"]
-        return f"env RECONCILE_CACHE_DIR={d / 'cache'} RECONCILE_STATE_DIR={d / 'state'} {self.rec[0]}"
+        return (f"env RECONCILE_CACHE_DIR={d / ('cache' + tag)} RECONCILE_STATE_DIR={d / ('state' + tag)} "
+                f"{script or self.rec[0]}")
+
+    def builds(self) -> list[tuple[str, str]]:
+        """(tag, reconcile script) of each reconcile timed: this tree's, and --fleet-compare's."""
+        out = [("", self.rec[0])]
+        if self.args.fleet_compare:
+            out.append(("-compare", self.args.fleet_compare))
+        return out
 
     def write_fleet_tools(self) -> None:
         nvsmi, data, hs = str(self.work / "nvsmi"), str(self.data), str(self.hs)
@@ -201,14 +209,17 @@ class FleetScenario(Scenario):
         opts = self.ssh_options()
         for n in self.args.fleet_hosts:
             hosts = self.hosts[:n]
-            # reconcile
-            lines = ["version: 1", "defaults:", "  connect_timeout: 30s", "  ssh_options:",
-                     *(f"    - {json.dumps(o)}" for o in opts), "hosts:"]
-            for h in hosts:
-                lines += [f"  {h['name']}:", f"    address: ssh://root@127.0.0.1:{h['port']}",
-                          f"    state: hosts/{h['name']}/state.yaml", f"    journal: {h['dir'] / 'journal.jsonl'}",
-                          f"    remote_command: {json.dumps(self.remote_command(h))}"]
-            (self.work / f"inventory-{n}.yaml").write_text("\n".join(lines) + "\n")
+            # reconcile (and the build compared with it, with caches of its own)
+            for tag, script in self.builds():
+                lines = ["version: 1", "defaults:", "  connect_timeout: 30s", "  ssh_options:",
+                         *(f"    - {json.dumps(o)}" for o in opts), "hosts:"]
+                for h in hosts:
+                    lines += [f"  {h['name']}:", f"    address: ssh://root@127.0.0.1:{h['port']}",
+                              f"    state: hosts/{h['name']}/state.yaml",
+                              f"    remote_command: {json.dumps(self.remote_command(h, script, tag))}"]
+                    if not tag:  # (a build before the fix passed a host's journal to diff, which refused it)
+                        lines.append(f"    journal: {h['dir'] / 'journal.jsonl'}")
+                (self.work / f"inventory-{n}{tag}.yaml").write_text("\n".join(lines) + "\n")
             # Ansible
             (self.work / "ansible").mkdir(exist_ok=True)
             ini = [f"{h['name']} ansible_host=127.0.0.1 ansible_port={h['port']}" for h in hosts]
@@ -286,13 +297,20 @@ class FleetScenario(Scenario):
         rec = [*self.rec, "diff", "--inventory", str(self.work / f"inventory-{n}.yaml"), "--parallel", str(p)]
         expect = [(rf"(?m)^{n} hosts?: {n} drift\.$", 1), (r"(?m)^h\d{3}\s+drift\s", n)]
         jobs = [{"tool": "reconcile", "label": f"reconcile diff --inventory --parallel {p}", "argv": rec,
-                 "env": self.env, "cwd": str(self.work), "rcs": [2], "expect": expect, "warm": "reconcile, warm"},
+                 "env": self.env, "cwd": str(self.work), "rcs": [2], "expect": expect, "warm": "reconcile, warm",
+                 "warmup_each": True},
                 # OpenSSH 9.x negotiates sntrup761x25519 (post-quantum), whose key generation is most
                 # of the ssh client's CPU; paramiko (pyinfra) negotiates curve25519. Not our default:
                 # shown so that the share of the key exchange is known.
                 {"tool": "reconcile, curve25519", "argv": [*rec, "--ssh-option", f"KexAlgorithms={KEX}"],
                  "label": f"reconcile diff --inventory --parallel {p} --ssh-option KexAlgorithms={KEX}",
                  "env": self.env, "cwd": str(self.work), "rcs": [2], "expect": expect}]
+        if self.args.fleet_compare:
+            jobs.append({"tool": "reconcile, compared", "env": self.env, "cwd": str(self.work), "rcs": [2],
+                         "label": f"{self.args.fleet_compare} diff --inventory --parallel {p} (--fleet-compare)",
+                         "argv": [self.args.fleet_compare, "diff", "--inventory",
+                                  str(self.work / f"inventory-{n}-compare.yaml"), "--parallel", str(p)],
+                         "expect": expect, "warmup_each": True})
         if not self.args.no_peers:
             jobs += [
                 {"tool": "pyinfra", "label": f"pyinfra --dry --parallel {p}",

@@ -78,7 +78,7 @@ class Fleet(FleetScenario):
             for job in jobs:
                 # reconcile's steady state has each host's validated-state cache and integrity
                 # record: warm every host; the peers keep nothing per host (byte-code only).
-                if job["tool"] == "reconcile" or i == 0:
+                if job.get("warmup_each") or i == 0:
                     r = self.measure(job, f"{job['tool']}-{n}-warmup")
                     out[n][job["tool"]]["warmup"] = r
                     log(f"  warm-up {job['label']}, {n} hosts: {r['wall']:.2f}s exit {r['rc']}")

@@ -61,6 +61,9 @@ def main() -> None:
     ap.add_argument("--fleet-namespaces", type=int, default=5, help="namespaced systemds the hosts share (default 5)")
     ap.add_argument("--fleet-files", type=int, default=2000, help="sample files in each fleet host's /data (2000)")
     ap.add_argument("--fleet-runs", type=int, help="timed runs per tool and host count (default 3; --quick 1)")
+    ap.add_argument("--fleet-compare", metavar="RECONCILE",
+                    help="also time this reconcile console script (e.g. main's, installed in a venv of its own), "
+                         "on the controller and on the targets alike: a before/after in one run")
     ap.add_argument("--installed", action="store_true",
                     help="time the `reconcile` installed next to this interpreter instead of a fresh "
                          "`pip install .` of this tree in bench/.reconcile")
@@ -75,6 +78,10 @@ def main() -> None:
         a.files = [n for n in a.files if n <= SEED_TOTAL] or [SEED_TOTAL]
     a.ansible_runs = a.ansible_runs or a.runs
     a.fleet_runs = a.fleet_runs or (1 if a.quick else 3)
+    if a.fleet_compare:
+        a.fleet_compare = os.path.abspath(a.fleet_compare)
+        if not os.access(a.fleet_compare, os.X_OK):
+            sys.exit(f"bench: --fleet-compare {a.fleet_compare}: not an executable reconcile")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     if os.geteuid() != 0:
         sys.exit("bench: needs root (it boots systemd in a namespace, mounts tmpfs there): sudo python3 bench/run.py")
