@@ -345,10 +345,9 @@ def version_command(as_json: bool) -> None:
         return
     import json
 
-    from .pipeline.paths import default_journal_path
+    from . import version_document
 
-    click.echo(json.dumps({"reconcile_version": __version__, "format_version": FORMAT_VERSION,
-                           "hostname": os.uname().nodename, "journal": str(default_journal_path())}))
+    click.echo(json.dumps(version_document()))  # __main__.py prints the same without click
 
 
 @main.command()

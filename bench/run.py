@@ -7,10 +7,13 @@ tmpfs mounted inside the namespace only, and an EAGLE-3 extraction in SpecForge 
 with 37,312 sample files. Then it times the same audit with each tool, inside the
 namespace, N times each after a warm-up run, and reports medians of wall time and peak
 RSS; then how reconcile's cost grows with files (37,312 -> 1,000,000) and declared units
-(1 -> 500), and the time of `reconcile apply` on the seed scenario.
+(1 -> 500), and the time of `reconcile apply` on the seed scenario. Last, the fleet
+(bench/fleet.py): `reconcile diff --inventory` over SSH to 10 and 100 hosts on this
+machine against Ansible and pyinfra, with controller CPU and memory from cgroups.
 
-    sudo python3 bench/run.py                  # everything (about 10 min on 2 cores)
-    sudo python3 bench/run.py --quick          # 3 runs, no 1,000,000-file step
+    sudo python3 bench/run.py                  # everything (about 25 min on 2 cores)
+    sudo python3 bench/run.py --quick          # 3 runs, no 1,000,000-file step, 1 fleet run
+    sudo python3 bench/run.py --only fleet     # the fleet alone: bench/results/fleet.md
 
 The peers are installed into bench/.peers (a separate virtual environment) when missing.
 Every tool runs without PYTHONDONTWRITEBYTECODE, so byte-code caches are used as on a
@@ -25,6 +28,7 @@ import sys
 import time
 
 from common import RESULTS, SEED_TOTAL, log, parse_list
+from fleet_measure import Fleet
 from harness import inner
 from install import ensure_peers, install_reconcile
 from measure import Bench
@@ -47,7 +51,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 runs, files only up to 37,312")
     ap.add_argument("--no-peers", action="store_true", help="skip Ansible, pyinfra and testinfra")
     ap.add_argument("--no-gpus", action="store_true", help="leave the fake GPUs out")
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: breakdown,units,files,apply,importtime")
+    ap.add_argument("--skip", default="",
+                    help="comma list of parts to skip: breakdown,units,files,apply,importtime,fleet")
+    ap.add_argument("--only", choices=["fleet"], help="run only this part (fleet: writes bench/results/fleet.md)")
+    ap.add_argument("--fleet-hosts", type=parse_list, default=[10, 100],
+                    help="inventory sizes for the fleet, separated by / (default 10/100)")
+    ap.add_argument("--fleet-parallel", type=int, default=10,
+                    help="reconcile's --parallel, Ansible's forks and pyinfra's --parallel (default 10)")
+    ap.add_argument("--fleet-namespaces", type=int, default=5, help="namespaced systemds the hosts share (default 5)")
+    ap.add_argument("--fleet-files", type=int, default=2000, help="sample files in each fleet host's /data (2000)")
+    ap.add_argument("--fleet-runs", type=int, help="timed runs per tool and host count (default 3; --quick 1)")
+    ap.add_argument("--fleet-compare", metavar="RECONCILE",
+                    help="also time this reconcile console script (e.g. main's, installed in a venv of its own), "
+                         "on the controller and on the targets alike: a before/after in one run")
     ap.add_argument("--installed", action="store_true",
                     help="time the `reconcile` installed next to this interpreter instead of a fresh "
                          "`pip install .` of this tree in bench/.reconcile")
@@ -61,21 +77,31 @@ def main() -> None:
         a.runs = 3
         a.files = [n for n in a.files if n <= SEED_TOTAL] or [SEED_TOTAL]
     a.ansible_runs = a.ansible_runs or a.runs
+    a.fleet_runs = a.fleet_runs or (1 if a.quick else 3)
+    if a.fleet_compare:
+        a.fleet_compare = os.path.abspath(a.fleet_compare)
+        if not os.access(a.fleet_compare, os.X_OK):
+            sys.exit(f"bench: --fleet-compare {a.fleet_compare}: not an executable reconcile")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     if os.geteuid() != 0:
         sys.exit("bench: needs root (it boots systemd in a namespace, mounts tmpfs there): sudo python3 bench/run.py")
 
     if not a.installed:
         install_reconcile()
-    b = Bench(a)
-    b.meta["argv"] = sys.argv[1:]
-    if not a.no_peers:
-        b.meta["peers"] = ensure_peers()
+    peers = {} if a.no_peers else ensure_peers()
     t_start = time.perf_counter()
-    b.meta["load_start"] = os.getloadavg()
-    if b.meta["load_start"][0] > 1.0:
-        log(f"WARNING: load average {b.meta['load_start'][0]:.1f} on {os.cpu_count()} CPUs: other work will skew "
+    load_start = os.getloadavg()
+    if load_start[0] > 1.0:
+        log(f"WARNING: load average {load_start[0]:.1f} on {os.cpu_count()} CPUs: other work will skew "
             "the times (the tools run round-robin, so the ratios suffer less than the absolute times)")
+    if a.only == "fleet":
+        fleet = run_fleet(a)
+        fleet.meta.update({"argv": sys.argv[1:], "peers": peers, "load_start": load_start, "load_end": os.getloadavg(),
+                           "seconds": time.perf_counter() - t_start, "cpus": os.cpu_count()})
+        write(fleet, "fleet", fleet.fleet_header() + "\n".join(fleet.fleet_report()) + "\n", fleet.fleet_targets())
+        return
+    b = Bench(a)
+    b.meta.update({"argv": sys.argv[1:], "peers": peers, "load_start": load_start})
     try:
         b.start()
         b.seed_audit()
@@ -91,18 +117,46 @@ def main() -> None:
             b.growth_files()
     finally:
         b.stop()
+    targets = b.targets()
+    text = b.report()
+    if "fleet" not in skip:
+        fleet = run_fleet(a)
+        b.results.update(fleet.results)
+        fleet_targets = fleet.fleet_targets()
+        targets += fleet_targets
+        # The fleet's section and its own targets close the report.
+        text += "\n".join(fleet.fleet_report()) + "\n\n### Fleet targets\n\n" + "".join(
+            f"- {'PASS' if ok else 'FAIL'}: {t}\n" for ok, t in fleet_targets)
+        write(fleet, "fleet", fleet.fleet_header() + "\n".join(fleet.fleet_report()) + "\n", fleet_targets)
     b.meta["seconds"] = time.perf_counter() - t_start
     b.meta["load_end"] = os.getloadavg()
     b.meta.update({"gpus": b.gpus, "gpus_left_out_because": b.gpus_why, "kinds": sorted(b.kinds),
                    "reconcile": b.rec_label, "cpus": os.cpu_count()})
-    text = b.report()
+    write(b, "latest", text, targets)
+
+
+def run_fleet(a) -> Fleet:
+    fleet = Fleet(a)
+    try:
+        fleet.start()
+        fleet.breakdown_fleet()
+        fleet.run_fleet()
+    finally:
+        fleet.stop()
+    return fleet
+
+
+def write(b, stem: str, text: str, targets) -> None:
+    """bench/results/STEM.md (the tables) and STEM.json (every raw figure)."""
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "latest.md").write_text(text)
-    (RESULTS / "latest.json").write_text(json.dumps({"meta": b.meta, "results": b.results,
-                                                     "targets": [{"pass": ok, "text": t} for ok, t in b.targets()]},
-                                                    indent=1))
+    if stem == "fleet":
+        text += "\n## Targets\n\n" + "".join(f"- {'PASS' if ok else 'FAIL'}: {t}\n" for ok, t in targets)
+    (RESULTS / f"{stem}.md").write_text(text)
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"meta": b.meta, "results": b.results,
+                                                     "targets": [{"pass": ok, "text": t} for ok, t in targets]},
+                                                    indent=1, default=str))
     print(text)
-    log(f"done in {b.meta['seconds']:.0f}s; wrote {RESULTS / 'latest.md'} and latest.json")
+    log(f"wrote {RESULTS / (stem + '.md')} and {stem}.json")
 
 
 if __name__ == "__main__":

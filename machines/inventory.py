@@ -1,6 +1,7 @@
 """Many hosts at once: `reconcile diff|apply --inventory hosts.yaml [--limit PATTERN]`.
 
-Each host is one remote run (machines/remote.py: handshake, state on stdin, JSON back),
+Each host is one remote run (machines/remote.py: state on stdin, JSON back; an apply that
+changes the host asks for the far side's versions first),
 in a thread of its own since each is a subprocess; a host that fails is an error for that
 host only. Printed at the end, in inventory order: each host's report, then one summary
 table. The exit code is the worst host's: 1 (error) over 2 (drift) over 0.
@@ -175,8 +176,10 @@ def run_host(h: InventoryHost, command: str, opts: remote.RemoteOptions, *, dry_
         except ValueError as exc:
             raise remote.RemoteError(str(exc)) from None
         state = remote.read_state(h.state)
-        info = remote.handshake(target)
+        info = remote.handshake(target) if remote.needs_handshake(command, dry_run) else None
         where = journal.replace("{host}", h.name) if journal else h.journal
+        if command != "apply":
+            where = None  # a host's journal is apply's; diff has no --journal to pass it to
         request = remote.Request(command, state, h.state, dry_run, where, lock_timeout, run_timeout)
         doc = remote.execute(target, request, info)
         return HostResult(h, int(doc.get("exit_code", 1)), time.monotonic() - t0, report=doc)

@@ -7,14 +7,19 @@ record its apply. Here we only carry bytes: the state file goes to the far side'
 (`reconcile diff --format json --state-label FILE -`), the JSON report comes back and is
 rendered here by the same renderer as a local report, so output and exit codes match.
 
-A short handshake (`reconcile version --json`) comes first, so a target without reconcile,
-or with an incompatible report format, gets one clear line instead of a far-side traceback.
+A read-only request (`diff`, `apply --dry-run`) is one round trip: the report names the far
+side's versions, and a target without reconcile, with an older one or with an incompatible
+report format is recognised from that one answer and gets one clear line instead of a
+far-side traceback. An `apply` that changes the host asks first (`reconcile version --json`,
+the handshake): nothing is changed on a target whose reconcile this one cannot read, and the
+target names its journal for the message should the connection drop mid-apply.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -226,6 +231,49 @@ def _not_installed(target: Target, out: Outcome) -> bool:
     return cmd in err and any(s in err for s in ("not found", "No such file or directory", "failed to execute"))
 
 
+# What ssh's last line says when an established connection went away (as opposed to one
+# never made: "connect to host ...", "kex_exchange_identification: ...", "Permission denied",
+# all printed at LogLevel ERROR). With our LogLevel=ERROR a closed connection prints nothing:
+# an exit 255 with an empty stderr is a connection lost, too.
+SSH_LOST = re.compile(r"^(Connection to \S+ closed|Timeout, server \S+ not responding"
+                      r"|client_loop: |packet_write_wait: )")
+
+
+def needs_handshake(command: str, dry_run: bool) -> bool:
+    """Only a run that changes the target asks first; a read-only one learns the far side's
+    versions from its report (see the module's docstring)."""
+    return command == "apply" and not dry_run
+
+
+def _first_contact_error(target: Target, out: Outcome, asked: str) -> RemoteError | None:
+    """Why the first command sent to the target got no report: unreachable, no reconcile there, or
+    one too old to know the request. None: it reached a reconcile (or the connection dropped
+    after it was made), and the caller words the failure."""
+    last = _last_line(out.stderr)
+    if out.returncode == 255 and Path(target.prefix[0]).name == "ssh" \
+            and not (asked != "version" and (not last or SSH_LOST.match(last))):
+        return RemoteError(f"cannot reach {target.name}: {last or 'ssh exited 255'}")
+    if _not_installed(target, out):
+        return RemoteError(f"reconcile is not installed on {target.name} "
+                           f"(`{shlex.join(target.remote_command)}`: {last or 'not found'}); " + INSTALL_HINT)
+    newer = INSTALL_HINT.replace("install it there", "install this version there")
+    if "No such command 'version'" in out.stderr:
+        return RemoteError(f"{target.name} runs a reconcile older than the handshake (no `version` command); "
+                           + newer)
+    if asked != "version" and out.returncode == 2 and ("No such option" in out.stderr
+                                                       or "No such command" in out.stderr):
+        return RemoteError(f"{target.name} runs a reconcile older than this one, which cannot take `{asked}` "
+                           f"from another host ({last}); " + newer)
+    return None
+
+
+def _check_format(target: Target, reconcile_version: str, format_version: str) -> None:
+    if format_version.split(".")[0] != FORMAT_VERSION.split(".")[0]:
+        raise RemoteError(f"{target.name} runs reconcile {reconcile_version} (report format "
+                          f"{format_version}); this reconcile {__version__} reads format {FORMAT_VERSION}: "
+                          + INSTALL_HINT.replace("install it there", "install the same version there"))
+
+
 def handshake(target: Target) -> RemoteInfo:
     """`reconcile version --json` on the target; raises RemoteError with one clear line."""
     argv = target.argv(["version", "--json"])
@@ -236,23 +284,12 @@ def handshake(target: Target) -> RemoteInfo:
                           "(connecting and starting reconcile there)") from None
     doc = _json_object(out.stdout) if out.returncode == 0 else None
     if doc is None:
-        if out.returncode == 255 and target.prefix[0] == "ssh":
-            raise RemoteError(f"cannot reach {target.name}: {_last_line(out.stderr) or 'ssh exited 255'}")
-        if _not_installed(target, out):
-            raise RemoteError(f"reconcile is not installed on {target.name} "
-                              f"(`{shlex.join(target.remote_command)}`: {_last_line(out.stderr) or 'not found'}); "
-                              + INSTALL_HINT)
-        if "No such command 'version'" in out.stderr:
-            raise RemoteError(f"{target.name} runs a reconcile older than the handshake (no `version` command); "
-                              + INSTALL_HINT.replace("install it there", "install this version there"))
-        raise RemoteError(f"{target.name}: `{shlex.join(target.remote_command)} version --json` failed "
-                          f"(exit {out.returncode}): {_last_line(out.stderr) or _last_line(out.stdout) or 'no output'}")
+        raise _first_contact_error(target, out, "version") or RemoteError(
+            f"{target.name}: `{shlex.join(target.remote_command)} version --json` failed "
+            f"(exit {out.returncode}): {_last_line(out.stderr) or _last_line(out.stdout) or 'no output'}")
     info = RemoteInfo(str(doc.get("reconcile_version", "?")), str(doc.get("format_version", "?")),
                       str(doc.get("hostname", "")), str(doc.get("journal", "")))
-    if info.format_version.split(".")[0] != FORMAT_VERSION.split(".")[0]:
-        raise RemoteError(f"{target.name} runs reconcile {info.reconcile_version} (report format "
-                          f"{info.format_version}); this reconcile {__version__} reads format {FORMAT_VERSION}: "
-                          + INSTALL_HINT.replace("install it there", "install the same version there"))
+    _check_format(target, info.reconcile_version, info.format_version)
     return info
 
 
@@ -280,7 +317,9 @@ class Request:
 
 
 def execute(target: Target, request: Request, info: RemoteInfo | None = None) -> dict[str, Any]:
-    """Run the request on the target; the report's JSON form, or RemoteError / RemoteFailed."""
+    """Run the request on the target; the report's JSON form, or RemoteError / RemoteFailed.
+    Without `info` (no handshake before: a read-only request) this is the first contact, and
+    its failures are worded as the handshake's would be."""
     mutating = request.command == "apply" and not request.dry_run
     journal = request.journal or (info.journal if info and info.journal else "its default journal path")
     try:
@@ -292,10 +331,15 @@ def execute(target: Target, request: Request, info: RemoteInfo | None = None) ->
                               "reconverge (--lock-timeout waits for an apply still running there)") from None
         raise RemoteError(f"{target.name}: {request.command} did not finish within {request.timeout:g}s") from None
     doc = _json_object(out.stdout)
+    if doc is not None and "format_version" in doc:
+        _check_format(target, str(doc.get("reconcile_version", "?")), str(doc["format_version"]))
     if doc is not None and doc.get("problems"):  # the state file is bad: its lines, as a local run prints them
         raise RemoteFailed(out.stderr, report=doc)
     if doc is not None and "exit_code" in doc and "resources" in doc:
         return doc
+    first = _first_contact_error(target, out, request.command) if info is None else None
+    if first is not None:
+        raise first
     if out.returncode == 1 and not out.stdout.strip():
         raise RemoteFailed(out.stderr)
     why = _last_line(out.stderr) or f"exit {out.returncode}, no report"
@@ -323,13 +367,13 @@ def read_state(path: str) -> bytes:
         raise RemoteFailed("".join(p + "\n" for p in exc.problems)) from None
 
 
-def resolve_state_file(given: str | None, info: RemoteInfo, target: Target) -> str:
+def resolve_state_file(given: str | None, info: RemoteInfo | None, target: Target) -> str:
     """FILE, else $RECONCILE_STATE, else states/<target's short hostname>.yaml, else ./state.yaml."""
     if given:
         return given
     if os.environ.get("RECONCILE_STATE"):
         return os.environ["RECONCILE_STATE"]
-    short = (info.hostname or target.short_host).split(".", 1)[0]
+    short = ((info.hostname if info else "") or target.short_host).split(".", 1)[0]
     tried = ["$RECONCILE_STATE (unset)"]
     for candidate in ([f"states/{short}.yaml"] if short else []) + ["state.yaml"]:
         if Path(candidate).is_file():
@@ -396,7 +440,9 @@ def run_on_target(command: str, file: str | None, opts: RemoteOptions, run_timeo
         raise RemoteError(f"{file} is a saved plan: it applies on the host it was made on; "
                           "give the state file with --host/--via")
     target = make_target(opts)
-    info = handshake(target)
+    # Without FILE the state file may be named after the target's host name: ask for it first.
+    unnamed = not file and not os.environ.get("RECONCILE_STATE")
+    info = handshake(target) if needs_handshake(command, dry_run) or unnamed else None
     path = resolve_state_file(file, info, target)
     label = "<stdin>" if path == "-" else path
     request = Request(command, read_state(path), label, dry_run, journal, lock_timeout, run_timeout)

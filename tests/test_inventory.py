@@ -167,3 +167,19 @@ def test_apply_over_an_inventory_converges_each_host(sshd, nsystemd, tmp_path): 
         entries = (tmp_path / "journals" / name / "journal.jsonl").read_text().splitlines()
         assert [json.loads(e)["target"] for e in entries if json.loads(e)["event"] == "result"] == [
             f"inv-{name}.service"]
+
+
+def test_a_hosts_journal_is_applys_and_diff_still_runs(sshd, tmp_path):  # noqa: F811
+    """`journal:` of an inventory host names apply's journal on the target; `diff` has no
+    --journal, so a diff over the same inventory must not pass it on (it did: every host failed
+    with "No such option '--journal'")."""
+    home = tmp_path / "inventory" / "j1"
+    home.mkdir(parents=True)
+    (home / "state.yaml").write_text("version: 1\nmounts:\n  /:\n    mounted: true\n")
+    journal = tmp_path / "journals" / "j1" / "journal.jsonl"
+    hosts = {"j1": {"address": sshd.address, "state": "j1/state.yaml", "journal": str(journal)}}
+    inventory = write_inventory(tmp_path, sshd, hosts, {})
+    proc = run_cli(tmp_path, "diff", "--inventory", str(inventory))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert table_rows(proc.stdout)["j1"][:3] == ["ok", "0", "0"]
+    assert not journal.exists()

@@ -5,6 +5,8 @@ target's own journal, not through reconcile's code."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import stat
 import subprocess
@@ -230,3 +232,119 @@ def test_remote_command_is_quoted_once_for_the_remote_shell(sshd, tmp_path):  # 
     proc = run_cli(tmp_path, "diff", str(state), *ssh_args(sshd, tmp_path))
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"{state}:4:5: "), proc.stderr
+
+
+# --- round trips ---------------------------------------------------------------------------
+
+def logging_remote(tmp: Path) -> tuple[str, Path]:
+    """A remote command that records each request's arguments, then runs the real reconcile."""
+    log = tmp / "requests.log"
+    script = tmp / "logging-reconcile"
+    script.write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
+                      f'RECONCILE_CACHE_DIR={tmp / "remote-cache"} exec {sys.executable} -m reconcile_host "$@"\n')
+    script.chmod(0o755)
+    return str(script), log
+
+
+def test_a_read_only_run_is_one_round_trip_and_an_apply_asks_first(sshd, tmp_path):  # noqa: F811
+    script, log = logging_remote(tmp_path)
+    state = tmp_path / "host.yaml"
+    state.write_text(ROOT_OK)
+    args = ["--host", sshd.address, *sshd.ssh_option_args(), "--remote-command", script]
+
+    proc = run_cli(tmp_path, "diff", str(state), *args)
+    assert proc.returncode == 0, proc.stderr
+    assert log.read_text().splitlines() == [f"diff --format json --state-label {state} -"]
+
+    log.unlink()
+    proc = run_cli(tmp_path, "apply", str(state), "--dry-run", *args)
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in log.read_text().splitlines()] == ["apply"]
+
+    # A real apply: nothing changes on a target before its versions are known.
+    log.unlink()
+    journal = tmp_path / "journal.jsonl"
+    proc = run_cli(tmp_path, "apply", str(state), "--journal", str(journal), *args)
+    assert proc.returncode == 0, proc.stderr
+    assert [line.split()[0] for line in log.read_text().splitlines()] == ["version", "apply"]
+    assert log.read_text().splitlines()[0] == "version --json"
+
+
+def test_without_a_state_file_the_target_is_asked_its_name_first(sshd, tmp_path):  # noqa: F811
+    script, log = logging_remote(tmp_path)
+    short = os.uname().nodename.split(".", 1)[0]  # the target is this machine
+    (tmp_path / "states").mkdir()
+    (tmp_path / "states" / f"{short}.yaml").write_text(ROOT_OK)
+    proc = run_cli(tmp_path, "diff", "--host", sshd.address, *sshd.ssh_option_args(), "--remote-command", script,
+                   "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["state_file"] == f"states/{short}.yaml"
+    assert [line.split()[0] for line in log.read_text().splitlines()] == ["version", "diff"]
+
+
+def test_a_target_too_old_for_the_request_is_one_line(sshd, tmp_path):  # noqa: F811
+    """A far side whose CLI refuses the request's options (click's usage error, exit 2)."""
+    old = tmp_path / "old-reconcile"
+    old.write_text("#!/bin/sh\nprintf 'Usage: reconcile diff [OPTIONS] [FILE]\\n"
+                   "Try '\\''reconcile diff -h'\\'' for help.\\n\\nError: No such option: --state-label\\n' >&2\n"
+                   "exit 2\n")
+    old.chmod(0o755)
+    state = tmp_path / "host.yaml"
+    state.write_text(ROOT_OK)
+    proc = run_cli(tmp_path, "diff", str(state), "--host", sshd.address, *sshd.ssh_option_args(),
+                   "--remote-command", str(old))
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "runs a reconcile older than this one, which cannot take `diff` from another host" in lines[0]
+    assert "No such option: --state-label" in lines[0]
+    assert "install this version there: python3 -m pip install 'reconcile-host==" in lines[0]
+
+
+def test_connection_dropped_mid_diff_is_a_lost_connection(sshd, tmp_path):  # noqa: F811
+    """No handshake before a diff: a connection made and then cut must not read 'cannot reach'."""
+    marker = tmp_path / "started"
+    hang = tmp_path / "hanging-reconcile"
+    hang.write_text(f"#!/bin/sh\necho $$ > {marker}.tmp && mv {marker}.tmp {marker}\nexec sleep 120\n")
+    hang.chmod(0o755)
+    state = tmp_path / "host.yaml"
+    state.write_text(ROOT_OK)
+    argv = reconcile_argv("diff", str(state), "--host", sshd.address, *sshd.ssh_option_args(),
+                          "--ssh-option", "ControlMaster=no", "--remote-command", str(hang))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(tmp_path))
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the far side never started"
+            time.sleep(0.05)
+        assert sshd.drop_connections() > 0
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            os.kill(int(marker.read_text()), signal.SIGKILL)  # the far side's sleep, which we started
+        except (OSError, ValueError):
+            pass
+    assert proc.returncode == 1, out + err
+    assert err.startswith(f"reconcile: error: connection lost during diff on root@127.0.0.1:{sshd.port}: "), err
+
+
+def test_the_handshake_answer_skips_the_cli_and_matches_it(tmp_path):
+    """`version --json` is answered by __main__.py without importing click; the click command
+    (reached through cli.main) prints the very same document."""
+    fast = subprocess.run([sys.executable, "-X", "importtime", "-m", "reconcile_host", "version", "--json"],
+                          capture_output=True, text=True, env=cli_env(tmp_path), timeout=60)
+    assert fast.returncode == 0, fast.stderr
+    imported = {line.split("|")[-1].strip() for line in fast.stderr.splitlines() if line.startswith("import time:")}
+    assert "reconcile_host" in imported
+    assert not {"click", "reconcile_host.cli"} & imported
+    via_click = subprocess.run([sys.executable, "-c", "import sys; from reconcile_host.cli import main; "
+                                "sys.argv[0] = 'reconcile'; main()", "version", "--json"],
+                               capture_output=True, text=True, env=cli_env(tmp_path), timeout=60)
+    assert via_click.returncode == 0, via_click.stderr
+    assert fast.stdout == via_click.stdout
+    doc = json.loads(fast.stdout)
+    assert set(doc) == {"reconcile_version", "format_version", "hostname", "journal"}
+    assert doc["hostname"] == os.uname().nodename
