@@ -36,7 +36,9 @@ class Limits:
     max_depth: int = 64                  # a state file nests 5 deep
     max_nodes: int = 500_000             # scalars and collections, counted after alias expansion
     max_collection_aliases: int = 50     # SnakeYAML's maxAliasesForCollections default
-    max_key_chars: int = 1024            # YAML's own limit for implicit keys
+    # YAML 1.2 limits implicit keys to 1,024 characters; a mount point may be up to PATH_MAX
+    # (4,096 bytes with its NUL), and is a key here: that is the limit.
+    max_key_chars: int = 4095
     max_int_digits: int = 19             # 2**63 has 19 digits; Python's int() refuses > 4300
 
 
