@@ -151,6 +151,7 @@ def _extraction_metrics(m: Metrics, rid: str, observed: Mapping[str, Any]) -> No
     m.family("reconcile_extraction_missing_samples", "gauge", "Samples without a usable file (allow_missing "
                                                               "excluded).")
     m.family("reconcile_extraction_damaged_files", "gauge", "Files found damaged by the last run.")
+    m.family("reconcile_extraction_writing_files", "gauge", "Incomplete files the running job is still writing.")
     m.family("reconcile_extraction_rate_samples_per_second", "gauge", "Write rate from recent files' "
                                                                       "modification times.")
     m.family("reconcile_extraction_eta_seconds", "gauge", "Time left to min_done at the current rate.")
@@ -163,6 +164,7 @@ def _extraction_metrics(m: Metrics, rid: str, observed: Mapping[str, Any]) -> No
     m.add("reconcile_extraction_expected_samples", observed.get("total"), ident)
     m.add("reconcile_extraction_missing_samples", observed.get("missing"), ident)
     m.add("reconcile_extraction_damaged_files", len(observed.get("damaged") or ()), ident)
+    m.add("reconcile_extraction_writing_files", observed.get("writing"), ident)
     m.add("reconcile_extraction_rate_samples_per_second", observed.get("rate"), ident)
     m.add("reconcile_extraction_eta_seconds", observed.get("eta_s"), ident)
     m.add("reconcile_extraction_newest_file_timestamp_seconds", observed.get("newest"), ident)
