@@ -279,9 +279,14 @@ def test_serial_rollout_stops_at_the_first_host_that_stays_blocked(fleet):
     assert unit_state(fleet.drifted) == ("active", "enabled")  # the rollout never reached it
 
 
-def test_reconcile_missing_on_the_target_is_one_clear_failure(tmp_path, sshd, collection):  # noqa: F811
-    (tmp_path / "p.yml").write_text("- hosts: t\n  gather_facts: false\n  tasks:\n    - reconcile.host.state:\n"
-                                    "        content: 'version: 1'\n        executable: reconcile-not-installed\n")
+def test_a_missing_reconcile_and_a_bad_state_file_are_one_clear_failure_each(tmp_path, sshd, collection):  # noqa: F811
+    (tmp_path / "templates").mkdir()
+    (tmp_path / "templates" / "bad.yaml.j2").write_text("version: 1\nunits:\n  {{ unit }}:\n    activ: false\n")
+    (tmp_path / "p.yml").write_text(
+        "- hosts: t\n  gather_facts: false\n  vars: {unit: x.service}\n  tasks:\n"
+        "    - reconcile.host.state: {content: 'version: 1', executable: reconcile-not-installed}\n"
+        "      ignore_errors: true\n"
+        f"    - reconcile.host.state: {{src: bad.yaml.j2, executable: '{sys.executable} -m reconcile_host'}}\n")
     (tmp_path / "hosts.yaml").write_text(json.dumps({"all": {"hosts": {"t": {
         "ansible_host": "127.0.0.1", "ansible_port": sshd.port, "ansible_user": "root",
         "ansible_python_interpreter": sys.executable,
@@ -290,6 +295,11 @@ def test_reconcile_missing_on_the_target_is_one_clear_failure(tmp_path, sshd, co
                                    "-o StrictHostKeyChecking=accept-new"}}}}))
     proc = subprocess.run([tool("ansible-playbook"), "-i", "hosts.yaml", "p.yml"], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path, env=ansible_env(tmp_path, collection))
-    assert proc.returncode == 2
+    assert proc.returncode == 2, proc.stdout
     assert ("reconcile-not-installed not found on the target: install reconcile there (pip install "
             "reconcile-host), or set executable") in proc.stdout
+    # The template was rendered on the controller ({{ unit }}); reconcile's own message points
+    # into the user's file by its name.
+    assert ('"msg": "reconcile apply exited 1: bad.yaml.j2:4:5: units.\\"x.service\\": unknown key '
+            "'activ' (did you mean 'active'?)\"") in proc.stdout, proc.stdout
+    assert recap(proc.stdout)["t"]["failed"] == 1 and recap(proc.stdout)["t"]["ignored"] == 1
