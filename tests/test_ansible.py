@@ -145,7 +145,9 @@ PLAYBOOK = """\
       reconcile.host.state:
         src: state.yaml.j2
         executable: "{{ reconcile_executable }}"
-        journal: "{{ journal_dir }}/{{ inventory_hostname }}.jsonl"
+        # One directory per target: the apply lock sits beside the journal, and these targets
+        # share one file system (on real hosts each has its own).
+        journal: "{{ journal_dir }}/{{ inventory_hostname }}/journal.jsonl"
 """
 
 
@@ -247,14 +249,14 @@ def test_apply_converges_the_drifted_host_and_a_second_run_changes_nothing(fleet
     out = proc.stdout
     assert proc.returncode == 4, out + proc.stderr
     counts = recap(out)
-    assert (counts["drifted"]["changed"], counts["drifted"]["failed"]) == (1, 0)
+    assert (counts["drifted"]["changed"], counts["drifted"]["failed"]) == (1, 0), out
     assert (counts["converged"]["ok"], counts["converged"]["changed"]) == (1, 0)
     assert counts["unreachable"]["unreachable"] == 1
     assert "-active: true\n-enabled: true\n+active: false\n+enabled: false\n" in out  # --diff: what was changed
     assert unit_state(fleet.drifted) == ("inactive", "disabled")
-    journal = [json.loads(line) for line in (fleet.journals / "drifted.jsonl").read_text().splitlines()]
+    journal = [json.loads(line) for line in (fleet.journals / "drifted" / "journal.jsonl").read_text().splitlines()]
     assert sorted((e["action"], e["result"]) for e in journal) == [("disable", "done"), ("stop", "done")]
-    assert not (fleet.journals / "converged.jsonl").exists()
+    assert not (fleet.journals / "converged" / "journal.jsonl").exists()
 
     again = fleet.playbook("-v")
     counts = recap(again.stdout)
