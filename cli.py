@@ -80,7 +80,7 @@ def parse_duration_option(value: str, flag: str) -> float:
         raise AssertionError from None
 
 
-FORMATS = click.Choice(["text", "json", "junit"])
+FORMATS = click.Choice(["text", "json", "junit", "prometheus"])
 
 
 class ReconcileGroup(click.Group):
@@ -368,7 +368,10 @@ def schema() -> None:
 @click.option("--lock-timeout", default="30s", show_default=True,
               help="How long a pass waits for another apply to finish before skipping this pass.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every pass, not only those whose outcome changed.")
-def watch(file: str | None, interval: str, journal_path: str | None, lock_timeout: str, verbose: bool) -> None:
+@click.option("--textfile", "textfile_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="After each pass write DIR/reconcile.prom (atomically) for node_exporter's textfile collector.")
+def watch(file: str | None, interval: str, journal_path: str | None, lock_timeout: str, verbose: bool,
+          textfile_dir: str | None) -> None:
     """Keep the host converged: observe, apply, verify every INTERVAL.
 
     Re-reads the state file when it changes; backs off after errors (up to 10 minutes);
@@ -382,9 +385,42 @@ def watch(file: str | None, interval: str, journal_path: str | None, lock_timeou
         fail("--interval must be more than 0s")
     wait = parse_duration_option(lock_timeout, "--lock-timeout")
     journal = Journal.at(journal_path)
+    exporter = None
+    if textfile_dir:
+        from .views.prometheus import TextfileExporter
+
+        if not os.path.isdir(textfile_dir):
+            fail(f"--textfile {textfile_dir}: no such directory (node_exporter's --collector.textfile.directory)")
+        exporter = TextfileExporter(textfile_dir, every)
     watcher = Watcher(resolve_state_file(file), every, journal, journal.lock_path, lock_wait=wait,
-                      verbose=verbose)
+                      verbose=verbose, on_pass=exporter)
     sys.exit(watcher.run())
+
+
+@main.command("slurm-health")
+@click.argument("file", required=False)
+@click.option("--node", metavar="NAME", help="The Slurm node [default: $SLURMD_NODENAME, else the short host name].")
+@click.option("--apply", "do_apply", is_flag=True, help="Apply the state first (under the apply lock), then judge.")
+@click.option("--deadline", default="45s", show_default=True,
+              help="Whole-run limit, below Slurm's 60 s and the HealthCheckInterval; no verdict by then drains.")
+@click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
+              help="Journal file, as for apply: one line per run goes there; the run's lock sits beside it.")
+@click.option("--scontrol", default="/usr/bin/scontrol", show_default=True, help="The scontrol to call.")
+def slurm_health(file: str | None, node: str | None, do_apply: bool, deadline: str, journal_path: str | None,
+                 scontrol: str) -> None:
+    """Slurm's HealthCheckProgram: drain the node when a resource is blocked or cannot be
+    observed, resume it once converged if reconcile drained it (machines/slurm.py).
+
+    Exit 0: healthy (or another run in progress); 1: not healthy, or Slurm could not be told.
+    """
+    from .machines import slurm
+
+    slurm.prepare_environment()
+    limit = parse_duration_option(deadline, "--deadline")
+    if not 1 <= limit < 60:
+        fail("--deadline must be at least 1s and below 60s (slurmd kills a health check after 60 s)")
+    sys.exit(slurm.health_check(slurm.Settings(resolve_state_file(file), slurm.node_name(node), journal_path,
+                                               limit, do_apply, scontrol)))
 
 
 if __name__ == "__main__":

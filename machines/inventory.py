@@ -195,6 +195,9 @@ def run_inventory(command: str, opts: remote.RemoteOptions, fmt: str, verbose: b
                   journal: str | None = None, lock_timeout: str | None = None, run_timeout: float = 3600.0) -> int:
     import click
 
+    if fmt == "prometheus":  # refused before any host is touched
+        raise remote.RemoteError("--format prometheus is per host: run it on each host (node_exporter's "
+                                 "textfile collector), or use --report-dir with --format json")
     try:
         inv = load_inventory(opts.inventory or "")
     except StateFileError as exc:

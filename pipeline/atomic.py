@@ -18,3 +18,15 @@ def write_json(path: str | os.PathLike, data: Any, *, indent: int | None = None)
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text + "\n" if indent is not None else text)
     os.replace(tmp, path)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """The same for a text file another program reads (node_exporter's textfile collector): the
+    temporary name starts with a dot and ends in `.tmp`, which such readers skip."""
+    path = os.fspath(path)
+    parent, name = os.path.split(path)
+    os.makedirs(parent or ".", exist_ok=True)
+    tmp = os.path.join(parent, f".{name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)

@@ -15,6 +15,9 @@ is needed to notice drift, and a missed event cannot leave drift behind.
 - One journal line ({"event": "watch-pass", ...}) per pass that changed something, after the
   engine's line per action; one log line (stdout, i.e. the systemd journal) per pass whose
   outcome differs from the previous one, every pass with --verbose.
+- After each pass that ran to its end, `on_pass(doc, outcome)` gets the pass's report in its
+  JSON form (None when the pass produced none) and `ok`, `failed` or `skipped`: the CLI hands
+  in views/prometheus.py's TextfileExporter for `--textfile DIR`.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ class Watcher:
     def __init__(self, state_path: str, interval: float, journal: Callable[[dict[str, Any]], None] | None,
                  lock_path: Path | None, lock_wait: float = 30.0, verbose: bool = False,
                  log: IO[str] | None = None, max_backoff: float = MAX_BACKOFF, max_passes: int | None = None,
-                 wait: Callable[[float], None] | None = None):
+                 wait: Callable[[float], None] | None = None,
+                 on_pass: Callable[[dict[str, Any] | None, str], Any] | None = None):
         self.state_path = state_path
         self.interval = interval
         self.journal = journal
@@ -66,6 +70,9 @@ class Watcher:
         self.max_backoff = max_backoff
         self.max_passes = max_passes
         self._wait_fn = wait
+        self.on_pass = on_pass
+        self.pass_report: Any = None
+        self.pass_outcome = "failed"
         self.passes = 0
         self.failures = 0
         self.delays: list[float] = []
@@ -83,6 +90,7 @@ class Watcher:
         try:
             while not self.stop_signal:
                 delay = self.one_pass()
+                self._after_pass()
                 if self.stop_signal or (self.max_passes is not None and self.passes >= self.max_passes):
                     break
                 self.delays.append(delay)
@@ -100,6 +108,7 @@ class Watcher:
         from .journal import Lock, LockError, LockHeld
 
         self.passes += 1
+        self.pass_report, self.pass_outcome = None, "failed"
         started = time.time()
         try:
             state = self._current_state()
@@ -112,6 +121,7 @@ class Watcher:
             except LockHeld as exc:
                 # Someone is applying by hand: not a failure, the next pass looks again.
                 self.log(f"pass {self.passes}: skipped: {exc}")
+                self.pass_outcome = "skipped"
                 return self.interval
             except LockError as exc:
                 return self._failed(str(exc))
@@ -125,6 +135,7 @@ class Watcher:
         try:
             report = Engine(state, journal=self.journal).apply(on_result=after_resource)
         except _StopRequested:
+            self.pass_outcome = "interrupted"
             self._record(done, started, interrupted=True)
             self.log(f"pass {self.passes}: {self.stop_signal} received: stopped after "
                      f"{len(done)} of {len(state.resources)} resources")
@@ -139,6 +150,7 @@ class Watcher:
             if lock:
                 lock.release()
 
+        self.pass_report = report
         self._record(report.resources, started)
         failed = sum(1 for r in report.resources for a in r.actions if a.result is Result.FAILED)
         errors = report.count(Status.ERROR)
@@ -151,6 +163,7 @@ class Watcher:
             return self._failed(f"{report.actions_done} action(s) done, {failed} failed; {summary}; "
                                 + "; ".join(why))
         self.failures = 0
+        self.pass_outcome = "ok"
         outcome = (tuple(sorted(counts.items())), report.actions_done > 0)
         if self.verbose or report.actions_done or outcome != self._last_outcome:
             self.log(f"pass {self.passes}: {report.actions_done} action(s) done; {summary}")
@@ -158,6 +171,16 @@ class Watcher:
         return self.interval
 
     # --- helpers ---------------------------------------------------------------------
+
+    def _after_pass(self) -> None:
+        if self.on_pass is None or self.pass_outcome == "interrupted":
+            return
+        from .report import to_json
+
+        try:
+            self.on_pass(to_json(self.pass_report) if self.pass_report is not None else None, self.pass_outcome)
+        except OSError as exc:  # e.g. the textfile directory is gone: say so, keep converging
+            self.log(f"pass {self.passes}: cannot write the metrics: {exc}")
 
     def _failed(self, message: str) -> float:
         self.failures += 1

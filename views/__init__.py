@@ -1,4 +1,5 @@
-"""The views of a report: text (text.py), JSON (json.py), JUnit XML (junit.py).
+"""The views of a report: text (text.py), JSON (json.py), JUnit XML (junit.py), Prometheus
+(prometheus.py, node_exporter's textfile format).
 
 Every view renders the report's JSON form (pipeline/report.py), so a report received from a
 remote host renders exactly like a local one.
@@ -12,7 +13,7 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..pipeline.report import RunReport
 
-FORMATS = ("text", "json", "junit")
+FORMATS = ("text", "json", "junit", "prometheus")
 
 
 def render(report: RunReport | dict[str, Any], fmt: str, out: IO[str] | None = None, verbose: bool = False) -> None:
@@ -29,6 +30,10 @@ def render(report: RunReport | dict[str, Any], fmt: str, out: IO[str] | None = N
         from .junit import render_junit
 
         render_junit(doc, out)
+    elif fmt == "prometheus":
+        from .prometheus import render_prometheus
+
+        render_prometheus(doc, out)
     else:
         from .text import render_text
 
