@@ -171,8 +171,12 @@ def test_bad_state_with_prometheus_format_is_one_line(tmp_path):
     state = tmp_path / "bad.yaml"
     state.write_text("version: 1\nmounts:\n  /:\n    mountd: true\n")
     proc = run_cli(tmp_path, "diff", str(state), "--format", "prometheus")
-    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.returncode == 1
     assert proc.stderr.startswith(f"{state}:4:5: ") and len(proc.stderr.splitlines()) == 1
+    # A scraper gets a textfile that says the run could not happen, never an empty or healthy one.
+    got = samples(proc.stdout)
+    assert got[("reconcile_up", frozenset())] == 0
+    assert not [name for name, _ in got if name.startswith(("reconcile_resource", "reconcile_last_run"))]
 
 
 def test_inventory_refuses_prometheus_before_touching_a_host(tmp_path):

@@ -98,8 +98,9 @@ def test_slurmd_health_check_drains_resumes_and_leaves_a_manual_drain_alone(tmp_
         write_gpus(config, bad_gpu=1)
         cluster.wait_for(lambda st: "DRAIN" in st, "the drain")
         reason = cluster.reason()
-        assert reason.startswith(f"reconcile: gpus: GPU 1 ({bus_id(fake_lib, config, 1)}) is unhealthy: "
-                                 "2 volatile uncorrected ECC errors"), reason
+        # The gpus kind's own verdict: the GPU, the step a person takes, and why.
+        assert reason.startswith(f"reconcile: gpus: GPU 1 ({bus_id(fake_lib, config, 1)}) must not run jobs: "
+                                 "reset the GPU. Why: 2 volatile uncorrected ECC errors"), reason
         assert "\n" not in reason and len(reason) <= slurm.MAX_REASON
         drained = [r for r in runs(journal) if r.get("action") == "drain"]
         assert drained and drained[0]["reason"] == reason and drained[0]["problems"] == ["gpus"]

@@ -174,7 +174,9 @@ def _extraction_metrics(m: Metrics, rid: str, observed: Mapping[str, Any]) -> No
 
 
 def render_prometheus(doc: Mapping[str, Any], out: IO[str]) -> None:
-    out.write(report_metrics(doc).text())
+    # An error report (the state file could not be read: `problems`, no resources) is a run that
+    # could not happen: reconcile_up 0 and the build info, not a report of nothing that looks healthy.
+    out.write(report_metrics(None if doc.get("problems") else doc).text())
 
 
 def write_textfile(directory: str | os.PathLike, text: str, name: str = TEXTFILE_NAME) -> str:

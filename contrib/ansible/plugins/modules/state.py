@@ -286,8 +286,13 @@ def main():
         rc, doc, err = run_reconcile(module, apply_argv, p["content"])
     result.update(rc=rc, stderr=err, cmd=argv)
 
-    if doc is None:
-        why = first_line(err) or "no report on standard output"
+    if doc is None or doc.get("problems"):
+        # No report, or the error report of a state file that could not be read: nothing was
+        # observed, so the message is reconcile's own first line (FILE:LINE:COL: ...).
+        problems = (doc or {}).get("problems") or []
+        why = (problems[0].get("text") if problems else None) or first_line(err) or "no report on standard output"
+        if doc is not None:
+            result["report"] = doc
         module.fail_json(msg="reconcile %s exited %d: %s" % ("diff" if module.check_mode else "apply", rc, why),
                          **result)
 
