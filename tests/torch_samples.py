@@ -4,6 +4,7 @@ writes SpecForge samples with the real torch.save / safetensors, and judges dama
 with the real torch.load / safetensors.torch.load_file. Never imported by reconcile's tests.
 
     torch_samples.py write SPEC.json       # [{"path", "fmt", "t", "h", "dtype", "seed", "crc"}]
+    torch_samples.py same SPEC.json        # exit 0 if each file loads as the sample it should be
     torch_samples.py judge PLAN.json OUT.json
 
 The sample is SpecForge's (scripts/prepare_hidden_states.py @ a6b6b02, MIT):
@@ -122,12 +123,21 @@ def _loaders(path: str, fmt: str, want: dict) -> dict[str, str]:
     return res
 
 
+_SAME = {"safetensors": {"load_file": "same"}, "gz": {"specforge": "same", "weights_only": "same"},
+         "ckpt": {"full": "same", **({"specforge": "same"} if HAS_MMAP else {}), "weights_only": "same"}}
+
+
 def main() -> int:
     cmd = sys.argv[1]
     with open(sys.argv[2]) as fh:
         arg = json.load(fh)
     if cmd == "write":
         write(arg)
+    elif cmd == "same":
+        bad = [s["path"] for s in arg
+               if _loaders(s["path"], s["fmt"], record(s["t"], s["h"], s["dtype"], s["seed"])) != _SAME[s["fmt"]]]
+        if bad:
+            raise SystemExit(f"not the samples they should be: {bad}")
     elif cmd == "judge":
         with open(sys.argv[3], "w") as fh:
             json.dump({"torch": torch.__version__, "items": judge(arg)}, fh)

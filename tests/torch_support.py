@@ -71,6 +71,14 @@ def write(python: str, spec: list[dict], tmp: Path) -> str:
     return json.loads(proc.stdout.strip().splitlines()[-1])["torch"]
 
 
+def same(python: str, spec: list[dict], tmp: Path) -> None:
+    """Assert that each file loads, with every loader, as the sample `spec` describes."""
+    path = tmp / f"same-{os.getpid()}-{len(spec)}.json"
+    path.write_text(json.dumps(spec))
+    proc = subprocess.run([python, SCRIPT, "same", str(path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+
+
 def start_judge(python: str, plan: list[dict], tmp: Path, name: str) -> tuple[subprocess.Popen, Path]:
     """Start judging damaged copies with the real loaders (tests/torch_samples.py judge)."""
     src, out = tmp / f"{name}.plan.json", tmp / f"{name}.verdicts.json"
@@ -87,4 +95,4 @@ def finish_judge(proc: subprocess.Popen, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-__all__ = ["torch_python", "old_torch_python", "need", "write", "start_judge", "finish_judge", "sys"]
+__all__ = ["torch_python", "old_torch_python", "need", "write", "same", "start_judge", "finish_judge", "sys"]
