@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import struct
+import subprocess
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -141,3 +143,71 @@ def _render(table: dict[tuple[str, str], Counter], versions: dict[str, str]) -> 
                  + " | ".join(str(totals[f'{d} {c}']) for d in (STRUCTURE, CONTENT) for c in cols) + " |")
     lines.append(f"\nloaders disagreeing among themselves: {totals['loaders disagree']}")
     return "\n".join(lines) + "\n" + json.dumps({"totals": totals}) + "\n"
+
+
+def test_allowed_globals_are_torchs_own():
+    """torchpickle's allow-list is torch.load(weights_only=True)'s: 2.13's, and 1.13's (one more)."""
+    from reconcile_host.reconcilers.extractions.torchpickle import ALLOWED_GLOBALS
+
+    code = "from torch._weights_only_unpickler import _get_allowed_globals as g; print('\\n'.join(sorted(g())))"
+    both = set()
+    for python in (ts.torch_python(), ts.old_torch_python()):
+        proc = subprocess.run([ts.need(python, "torch interpreter"), "-c", code], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        theirs = set(proc.stdout.split())
+        assert theirs <= ALLOWED_GLOBALS, theirs - ALLOWED_GLOBALS
+        both |= theirs
+    assert both == ALLOWED_GLOBALS, ALLOWED_GLOBALS - both
+
+
+def test_fake_job_writes_what_torch_loads(tmp_path):
+    """tests/fake_extract.py builds torch.save's format by hand: the real torch.load agrees."""
+    from fake_extract import ckpt_bytes, payload
+
+    path = tmp_path / "data_7.ckpt"
+    path.write_bytes(ckpt_bytes("data_7", 7, 5000))
+    code = ("import sys, torch; d = torch.load(sys.argv[1], weights_only=True); "
+            "assert d['index'] == 7 and d['hidden_state'].dtype == torch.uint8; "
+            "sys.stdout.buffer.write(d['hidden_state'].numpy().tobytes())")
+    for python in (ts.torch_python(), ts.old_torch_python()):
+        python = ts.need(python, "torch interpreter")
+        proc = subprocess.run([python, "-c", code, str(path)], capture_output=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout == payload(7, 5000), proc.stderr
+
+
+def test_zero_page_rule_on_undamaged_samples(tmp_path):
+    """The zero-page rule (safetensors, and archives without CRCs) calls no undamaged sample
+    damaged, while a rule that also looked at integer tensors would: a loss_mask is 0 over the
+    whole prompt. The counts are printed (pytest -s)."""
+    python = ts.need(ts.torch_python(), "torch 2.x interpreter")
+    rng = random.Random(20)
+    spec = []
+    for n in range(48):
+        # (4095, 64): a prompt of 1365 tokens, a loss_mask with over 8 KiB of zeros
+        t, h = rng.choice([(64, 256), (255, 512), (511, 512), (1023, 256), (2047, 128)]) if n > 1 else (4095, 64)
+        fmt, crc = ("safetensors", True) if n % 2 else ("ckpt", False)
+        spec.append({"path": str(tmp_path / f"data_{n}{SUFFIX[fmt]}"), "fmt": fmt, "t": t, "h": h,
+                     "dtype": rng.choice(["bf16", "fp16", "fp32"]), "seed": 1000 + n, "crc": crc})
+    ts.write(python, spec, tmp_path)
+    damaged, int_zero_pages, float_bytes = [], 0, 0
+    for s in spec:
+        v = check_path(s["path"], CONTENT)
+        assert v.state in ("whole", "damaged"), v
+        if not v.whole:
+            damaged.append((s, v.reason))
+        if s["fmt"] == "safetensors":
+            data = Path(s["path"]).read_bytes()
+            (n,) = struct.unpack_from("<Q", data)
+            for meta in json.loads(data[8:8 + n]).values():
+                a, b = (8 + n + x for x in meta["data_offsets"])
+                pages = range(-(-a // 4096) * 4096, b - 4095, 4096)
+                if meta["dtype"] == "I64":
+                    int_zero_pages += sum(data[p:p + 4096] == bytes(4096) for p in pages)
+                else:
+                    float_bytes += b - a
+    print(f"\nzero-page rule: {len(damaged)} of {len(spec)} undamaged samples called damaged "
+          f"({float_bytes / 2**20:.1f} MiB of float tensor data in the safetensors half); "
+          f"all-zero pages inside integer tensors: {int_zero_pages}")
+    assert not damaged, damaged
+    assert int_zero_pages > 0  # why the rule must skip integer tensors

@@ -51,8 +51,8 @@ DTYPES: dict[str, tuple[int, bool]] = {
     **{f"{k}{n}": (1, False) for k in ("int", "uint") for n in range(1, 8)},
 }
 _TENSOR_TYPES = ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
-# torch 2.13's _get_allowed_globals() (144 names; tests/test_extractions_torch.py holds this list
-# against the installed torch's own).
+# torch 2.13's _get_allowed_globals() (144 names), and the one name torch 1.13 allowed that 2.13
+# dropped (tests/test_extractions_torch.py holds this list against both torches' own).
 ALLOWED_GLOBALS = frozenset(
     [f"torch.{c}" for c in STORAGE_CLASSES]
     + [f"torch.cuda.{c}" for c in STORAGE_CLASSES if not c.startswith("Q")]
@@ -67,7 +67,7 @@ ALLOWED_GLOBALS = frozenset(
     + ["torch._tensor._rebuild_from_type_v2", "torch.serialization._get_layout", "torch.Size", "torch.Tensor",
        "torch.device", "torch.storage.TypedStorage", "torch.storage.UntypedStorage",
        "torch.nn.parameter.Parameter", "collections.OrderedDict", "collections.Counter", "builtins.set",
-       "builtins.bytearray", "builtins.complex", "_codecs.encode"]
+       "builtins.bytearray", "builtins.complex", "_codecs.encode", "torch._utils._rebuild_sparse_csr_tensor"]
     + [f"torch.{q}" for q in ("per_tensor_affine", "per_channel_affine", "per_channel_affine_float_qparams",
                                "per_tensor_symmetric", "per_channel_symmetric")]
 )
