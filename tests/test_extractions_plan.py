@@ -137,6 +137,24 @@ def test_what_cannot_be_read_is_unreadable_not_damaged(tmp_path):
     assert check_path(str(tmp_path / "gone.ckpt")).state == GONE
 
 
+def test_read_error_midway_is_unreadable(tmp_path, monkeypatch):
+    """EIO while reading (a bad sector under the file): the check could not be done, so the file
+    is unreadable, not damaged (no real block device error is injected here; EACCES is real in
+    tests/test_extractions_integrity.py)."""
+    import errno
+
+    from reconcile_host.reconcilers.extractions import integrity
+
+    path = write_sample(tmp_path, 3, size=8192)
+
+    def eio(*_a):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(integrity.os, "preadv", eio)
+    v = check_path(str(path), CONTENT)
+    assert v.state == UNREADABLE and v.reason == "unreadable: Input/output error (EIO)", v
+
+
 def test_gz_checked_shallow_unless_content(tmp_path):
     good = write_sample(tmp_path, 1, fmt="ckpt.gz")
     full = good.read_bytes()

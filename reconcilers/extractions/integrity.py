@@ -41,6 +41,8 @@ ZERO_PAGE = bytes(PAGE)
 # A zero page counts where at least this much of it is float data (a page across an integer
 # tensor and a float one); 1 KiB is 512 bf16 values, none of which a hidden state has exactly 0.
 MIN_FLOAT_OVERLAP = 1024
+MIN_ZERO_RUN = 64  # a zeroed last page shorter than this (32 bf16 values) is not told from data
+ZERO_RUN = bytes(MIN_ZERO_RUN)
 _DAMAGE = (ZipDamage, PickleDamage, SafetensorsDamage, GzipDamage)
 
 
@@ -101,23 +103,23 @@ class FileSource:
 
     def first_zero_page(self, ranges: list[tuple[int, int]]) -> int | None:
         """The first file page (PAGE-aligned, as the page cache's; the last one ends at the end
-        of the file) that is all zeros and holds at least MIN_FLOAT_OVERLAP bytes of `ranges`
-        (or all of one): what a crash leaves where data was not written back."""
+        of the file) that is all zeros and holds at least MIN_FLOAT_OVERLAP bytes of `ranges`,
+        or all of a shorter tensor or last page (at least MIN_ZERO_RUN bytes): what a crash
+        leaves where data was not written back."""
         spans = sorted(ranges)
         for a, b in spans:
             start = a // PAGE * PAGE
             end = min(-(-b // PAGE) * PAGE, self.size)
-            run = ZERO_PAGE[:min(MIN_FLOAT_OVERLAP, b - a)]
             for at, chunk in self._chunks(start, end - start):
-                if bytes(chunk).find(run) < 0:  # fast path: no run of zeros long enough
+                if bytes(chunk).find(ZERO_RUN) < 0:  # fast path: no run of zeros long enough
                     continue
                 for i in range(0, len(chunk), PAGE):
                     page = chunk[i:i + PAGE]
-                    if page != ZERO_PAGE[:len(page)]:
+                    if len(page) < MIN_ZERO_RUN or page != ZERO_PAGE[:len(page)]:
                         continue
                     p0, p1 = at + i, at + i + len(page)
                     inside = sum(max(0, min(p1, y) - max(p0, x)) for x, y in spans)
-                    if inside >= min(MIN_FLOAT_OVERLAP, b - a):
+                    if inside >= min(MIN_FLOAT_OVERLAP, b - a, len(page)):
                         return p0
         return None
 
