@@ -158,3 +158,45 @@ def test_gz_not_decompressed_is_said_in_the_text_report(tmp_path):
     assert resource(rep)["caveats"] and resource(rep)["observed"]["unverified_gz"] == 11
     state_yaml(state, {**spec, "verify": "all"})
     assert "not decompressed" not in text()
+
+
+def test_eio_while_reading_is_unreadable_not_damaged(tmp_path):
+    """EIO for real: the leaf directory is a FUSE filesystem (tests/fuse_eio.py) whose
+    data_4.ckpt opens and stats fine but answers every read with EIO, as a bad sector would."""
+    import json
+
+    import mounts_support as ms
+
+    why = ms.namespaces_missing() or ms.fuse_missing()
+    if why:
+        pytest.skip(why)
+    src = tmp_path / "src"
+    write_samples(src, range(10))
+    out = tmp_path / "hs"
+    (out / "rows_0-10").mkdir(parents=True)
+    pairs = " ".join(f"data_{i}.ckpt={src / 'rows_0-10' / f'data_{i}.ckpt'}" for i in range(10))
+    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 10, "verify": "all"})
+    env = {**os.environ, "RECONCILE_STATE_DIR": str(tmp_path / "state"), "RECONCILE_CACHE_DIR": str(tmp_path / "c")}
+    py, fuse = sys.executable, Path(__file__).with_name("fuse_eio.py")
+    proc = ms.in_namespace(f"""
+        {py} {fuse} {out / 'rows_0-10'} {tmp_path / 'ready'} data_4.ckpt {pairs} &
+        server=$!
+        for i in $(seq 200); do [ -e {tmp_path / 'ready'} ] && break; sleep 0.05; done
+        cat {out / 'rows_0-10' / 'data_3.ckpt'} > /dev/null
+        ! cat {out / 'rows_0-10' / 'data_4.ckpt'} > /dev/null 2> {tmp_path / 'cat.err'}
+        {py} -m reconcile_host diff {state} --format json > {tmp_path / 'diff.json'} || true
+        {py} -m reconcile_host apply {state} --format json --journal {tmp_path / 'j'} \
+            > {tmp_path / 'apply.json'} || true
+        ls {out / 'rows_0-10'} > {tmp_path / 'after.txt'}
+        kill $server
+    """, env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Input/output error" in (tmp_path / "cat.err").read_text()  # the kernel's own word
+    for name in ("diff.json", "apply.json"):
+        r = resource(json.loads((tmp_path / name).read_text()))
+        assert r["status"] == "blocked", r
+        assert r["observed"]["done"] == 9 and r["observed"]["damaged"] == []
+        assert [(u["path"], u["reason"]) for u in r["observed"]["unreadable"]] == [
+            ("rows_0-10/data_4.ckpt", "unreadable: Input/output error (EIO)")]
+        assert {"field": "unreadable", "want": 0, "have": 1} in r["drift"]
+    assert "data_4.ckpt" in (tmp_path / "after.txt").read_text() and not (out / ".reconcile-quarantine").exists()

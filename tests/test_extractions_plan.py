@@ -138,9 +138,9 @@ def test_what_cannot_be_read_is_unreadable_not_damaged(tmp_path):
 
 
 def test_read_error_midway_is_unreadable(tmp_path, monkeypatch):
-    """EIO while reading (a bad sector under the file): the check could not be done, so the file
-    is unreadable, not damaged (no real block device error is injected here; EACCES is real in
-    tests/test_extractions_integrity.py)."""
+    """EIO while reading (a bad sector under the file), in the middle of the content check: the
+    check could not be done, so the file is unreadable, not damaged (a real EIO, from a FUSE
+    filesystem, is in tests/test_extractions_integrity.py)."""
     import errno
 
     from reconcile_host.reconcilers.extractions import integrity
