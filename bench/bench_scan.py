@@ -25,7 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fake_extract import ckpt_bytes  # noqa: E402
 from reconcile_host.machines.host import Host  # noqa: E402
-from reconcile_host.reconcilers.extractions import ExtractionsReconciler, scan  # noqa: E402
+from reconcile_host.reconcilers.extractions import ExtractionsReconciler  # noqa: E402
+from reconcile_host.reconcilers.extractions.listing import scan  # noqa: E402
 
 
 def generate(root: Path, n: int, group: int = 2000) -> None:

@@ -84,6 +84,9 @@ class Plan:
     converging: str | None = None
     # Free-form detail for the report (progress, per-GPU memory lines, ...).
     message: str = ""
+    # What the observation could not prove, whatever the status (files not read whole, ...):
+    # views show these even for an `ok` resource.
+    caveats: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

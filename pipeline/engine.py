@@ -269,7 +269,7 @@ class Engine:
         return ResourceReport(
             r, status or judge(drift, plan), tuple(drift), tuple(actions) or planned,
             "; ".join(m for m in (extra, _plan_message(plan)) if m), obs,
-            self.reconciler(r).summary(r, obs),
+            self.reconciler(r).summary(r, obs), plan.caveats,
         )
 
     # --- diff ------------------------------------------------------------------------
@@ -340,7 +340,7 @@ class Engine:
             why = ", ".join(f"{n} is {final[n].status.value}" for n in unmet)
             return ResourceReport(r, Status.BLOCKED, tuple(drift), skipped,
                                   f"not acted on: needs not ok ({why})", obs,
-                                  self.reconciler(r).summary(r, obs)), False
+                                  self.reconciler(r).summary(r, obs), plan.caveats), False
 
         rec = self.reconciler(r)
         results: list[ActionResult] = []

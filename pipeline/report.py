@@ -19,6 +19,7 @@ class ResourceReport:
     message: str = ""
     observed: Any = None
     summary: str = ""
+    caveats: tuple[str, ...] = ()  # Plan.caveats
 
     @property
     def changed(self) -> bool:
@@ -74,6 +75,8 @@ def resource_json(rr: ResourceReport) -> dict[str, Any]:
     }
     if rr.summary:
         out["summary"] = rr.summary
+    if rr.caveats:
+        out["caveats"] = list(rr.caveats)
     if rr.resource.needs:
         out["needs"] = list(rr.resource.needs)
     if rr.observed is not None:

@@ -3,9 +3,14 @@
 
 Writes `{out}/rows_{g}-{g+G}/data_{idx}.ckpt` (G = --group-size) as torch.save does: a
 ZIP archive (entries `<stem>/data.pkl`, `<stem>/data/0`, `<stem>/version`) written
-straight to its final path, no temp file. Like `prepare_hidden_states.py` on resume, it
-skips every index whose file exists without looking inside, and never writes the indices
-given by --nan (samples with NaN). Paced at --rate samples/s.
+straight to its final path, no temp file. The pickle is torch's own form (protocol 2, a
+`torch._utils._rebuild_tensor_v2` of a ByteStorage named by a persistent id), assembled here
+by hand so that no torch is needed: torch.load(weights_only=True) loads it as
+{"index": idx, "hidden_state": uint8 tensor} (tests/test_extractions_torch.py checks that).
+With --torch (run by a Python that has torch) each sample is SpecForge's own dict written by
+the real torch.save (tests/torch_samples.py `record`). Like `prepare_hidden_states.py` on
+resume, it skips every index whose file exists without looking inside, and never writes the
+indices given by --nan (samples with NaN). Paced at --rate samples/s.
 
 --pause-at IDX with --pause-flag FILE: if FILE exists when IDX is due, remove FILE, write
 the first half of that sample's file, print "paused at IDX" and hang, so a test can
@@ -19,18 +24,39 @@ import gzip
 import io
 import json
 import os
-import pickle
+import struct
 import sys
 import time
 import zipfile
 
 
+def payload(idx: int, size: int) -> bytes:
+    return bytes((idx + i) % 251 for i in range(size))
+
+
+def torch_pickle(idx: int, numel: int) -> bytes:
+    """{"index": idx, "hidden_state": a uint8 tensor of numel elements on storage "0"}, in the
+    opcodes torch.save (pickle protocol 2) writes."""
+    def text(s: str) -> bytes:
+        return b"X" + struct.pack("<I", len(s)) + s.encode()
+
+    def integer(n: int) -> bytes:
+        return b"J" + struct.pack("<i", n)
+
+    return b"".join([
+        b"\x80\x02}(", text("index"), integer(idx), text("hidden_state"),
+        b"ctorch._utils\n_rebuild_tensor_v2\n(",
+        b"(", text("storage"), b"ctorch\nByteStorage\n", text("0"), text("cpu"), integer(numel), b"tQ",
+        integer(0), integer(numel), b"\x85", integer(1), b"\x85", b"\x89",
+        b"ccollections\nOrderedDict\n)R", b"tR", b"u.",
+    ])
+
+
 def ckpt_bytes(stem: str, idx: int, size: int) -> bytes:
     buf = io.BytesIO()
-    payload = bytes((idx + i) % 251 for i in range(size))
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-        zf.writestr(f"{stem}/data.pkl", pickle.dumps({"input_ids": idx, "hidden_state": "storage 0"}))
-        zf.writestr(f"{stem}/data/0", payload)
+        zf.writestr(f"{stem}/data.pkl", torch_pickle(idx, size))
+        zf.writestr(f"{stem}/data/0", payload(idx, size))
         zf.writestr(f"{stem}/version", "3\n")
     return buf.getvalue()
 
@@ -39,7 +65,22 @@ def safetensors_bytes(idx: int, size: int) -> bytes:
     header = json.dumps({"__metadata__": {"index": str(idx)},
                          "hidden_state": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}}).encode()
     header += b" " * (-len(header) % 8)
-    return len(header).to_bytes(8, "little") + header + bytes((idx + i) % 251 for i in range(size))
+    return len(header).to_bytes(8, "little") + header + payload(idx, size)
+
+
+def torch_bytes(idx: int, fmt: str) -> bytes:
+    """SpecForge's sample (63 tokens, hidden size 256, bf16) as the real torch.save writes it."""
+    import torch
+    from torch_samples import record
+
+    buf = io.BytesIO()
+    rec = record(63, 256, "bf16", idx)
+    if fmt == "ckpt.gz":
+        with gzip.GzipFile(fileobj=buf, mode="wb", compresslevel=6) as f:
+            torch.save(rec, f)
+    else:
+        torch.save(rec, buf)
+    return buf.getvalue()
 
 
 def sample_path(out: str, idx: int, group: int, fmt: str) -> str:
@@ -57,6 +98,7 @@ def main() -> int:
     ap.add_argument("--format", choices=["ckpt", "ckpt.gz", "safetensors"], default="ckpt")
     ap.add_argument("--size", type=int, default=4096, help="bytes of tensor data per sample")
     ap.add_argument("--nan", default="", help="comma-separated indices never written")
+    ap.add_argument("--torch", action="store_true", help="write SpecForge samples with the real torch.save")
     ap.add_argument("--pause-at", type=int)
     ap.add_argument("--pause-flag")
     a = ap.parse_args()
@@ -67,7 +109,9 @@ def main() -> int:
         path = sample_path(a.out, idx, a.group_size, a.format)
         if idx in nan or os.path.exists(path):
             continue
-        if a.format == "safetensors":
+        if a.torch:
+            data = torch_bytes(idx, a.format)
+        elif a.format == "safetensors":
             data = safetensors_bytes(idx, a.size)
         else:
             data = ckpt_bytes(f"data_{idx}", idx, a.size)

@@ -500,13 +500,17 @@ def test_check_record_of_the_earlier_format_or_damaged_is_not_fatal(tmp_path, st
     path = record_path(state)
     path.parent.mkdir(parents=True)
     newest = os.stat(out / "rows_0-10" / "data_9.ckpt").st_mtime
-    # Format 1: no stat of the recent files, so index 9 is read once more, then kept as usual.
+    # Formats 1 and 2 were written by the checks before torch.save archives were read as
+    # torch.load reads them: every file is checked once more by the current rules, then kept.
     path.write_text(json.dumps({"dir": str(out), "pattern": PATTERN, "verified": [[0, 9]], "seen": [[0, 9]],
                                 "recent": {"9": newest}, "newest": newest, "checked_at": 1.0}))
     obs = observe(spec)
-    assert obs.done == 10 and obs.checked == 1
+    assert obs.done == 10 and obs.checked == 10
     rec = read_record(state)
-    assert rec["format"] == 2 and rec["verified"] == [[0, 9]] and "rows_0-10/" in rec["dirs"]
+    assert rec["format"] == 3 and rec["verified"] == [[0, 9]] and "rows_0-10/" in rec["dirs"]
+    assert observe(spec).checked == 0
+    path.write_text(json.dumps({**rec, "format": 2}))
+    assert observe(spec).checked == 10
     assert observe(spec).checked == 0
     good = read_record(state)
     for damaged in ({**good, "verified": "0-9"}, {**good, "recent": [["x"]]}, {**good, "dirs": []},

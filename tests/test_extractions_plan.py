@@ -5,13 +5,24 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
+import struct
 import zipfile
+import zlib
 
 import pytest
 from extraction_support import write_sample, write_samples
 from reconcile_host.pipeline.contract import Context
 from reconcile_host.reconcilers.extractions import Damaged, ExtractionObserved, ExtractionsReconciler
-from reconcile_host.reconcilers.extractions.integrity import check_file
+from reconcile_host.reconcilers.extractions.integrity import (
+    CONTENT,
+    DAMAGED,
+    GONE,
+    STRUCTURE,
+    UNREADABLE,
+    WHOLE,
+    check_path,
+)
 from reconcile_host.reconcilers.extractions.job import JobObserved
 from reconcile_host.reconcilers.extractions.listing import compile_pattern, scan
 from reconcile_host.reconcilers.extractions.ranges import format_ranges, to_ranges
@@ -21,10 +32,17 @@ REC = ExtractionsReconciler()
 
 # --- integrity -------------------------------------------------------------------------
 
+def reason(path, depth=STRUCTURE):
+    """The check's reason for a damaged file, None for a whole one."""
+    v = check_path(str(path), depth)
+    assert v.state in (WHOLE, DAMAGED), v
+    return v.reason or None
+
+
 def test_whole_ckpt_is_good(tmp_path):
     path = write_sample(tmp_path, 3)
-    assert check_file(str(path))[0] is None
-    # It is what torch.load expects: a ZIP with <stem>/data.pkl.
+    assert reason(path) is None and reason(path, CONTENT) is None
+    # It is what torch.load expects: a ZIP with <stem>/data.pkl (tests/test_extractions_torch.py loads it).
     assert "data_3/data.pkl" in zipfile.ZipFile(path).namelist()
 
 
@@ -32,14 +50,13 @@ def test_whole_ckpt_is_good(tmp_path):
 def test_ckpt_cut_anywhere_is_damaged(tmp_path, cut):
     full = write_sample(tmp_path, 3).read_bytes()
     path = write_sample(tmp_path, 3, cut=cut if cut > 0 else len(full) + cut)
-    reason, st = check_file(str(path))
-    assert reason and st.st_size < len(full)
+    assert reason(path) and path.stat().st_size < len(full)
 
 
 def test_zero_byte_file_is_damaged(tmp_path):
     path = tmp_path / "data_1.ckpt"
     path.write_bytes(b"")
-    assert check_file(str(path))[0] == "empty file (0 bytes)"
+    assert reason(path) == "empty file (0 bytes)"
 
 
 def test_zip_without_data_pkl_is_damaged(tmp_path):
@@ -47,8 +64,9 @@ def test_zip_without_data_pkl_is_damaged(tmp_path):
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr("x/other", b"1")
+        zf.writestr("x/version", b"3\n")
     path.write_bytes(buf.getvalue())
-    assert "data.pkl" in check_file(str(path))[0]
+    assert "data.pkl" in reason(path)
 
 
 def test_zeroed_region_is_damaged(tmp_path):
@@ -57,7 +75,17 @@ def test_zeroed_region_is_damaged(tmp_path):
     data = bytearray(path.read_bytes())
     data[:64] = bytes(64)
     path.write_bytes(bytes(data))
-    assert check_file(str(path))[0]
+    assert reason(path)
+
+
+def test_flipped_tensor_byte_only_the_crc_sees(tmp_path):
+    path = write_sample(tmp_path, 3, size=8192)
+    data = bytearray(path.read_bytes())
+    info = zipfile.ZipFile(path).getinfo("data_3/data/0")
+    data[info.header_offset + 30 + len(info.filename) + 5000] ^= 4
+    path.write_bytes(bytes(data))
+    assert reason(path) is None  # structurally whole ...
+    assert "CRC-32" in reason(path, CONTENT)  # ... but not what was written
 
 
 def test_entry_beyond_end_is_damaged(tmp_path):
@@ -69,40 +97,206 @@ def test_entry_beyond_end_is_damaged(tmp_path):
     info = zf.getinfo("data_3/data/0")
     start = info.header_offset + 30 + len(info.filename)
     path.write_bytes(data[:start + 10] + data[start + 1010:cd] + data[cd:])
-    assert check_file(str(path))[0]
+    assert reason(path)
 
 
-def test_gz_checked_shallow_unless_deep(tmp_path):
+def test_archive_zipfile_refuses_with_an_exception_is_a_damaged_file(tmp_path):
+    """A flipped compression method in the central directory made zipfile raise
+    NotImplementedError, which turned the whole extraction into an error."""
+    path = write_sample(tmp_path, 3)
+    data = bytearray(path.read_bytes())
+    cd = zipfile.ZipFile(path).start_dir
+    data[cd + 10] = 99  # data.pkl's method: not one zipfile knows
+    path.write_bytes(bytes(data))
+    with pytest.raises(NotImplementedError):
+        zipfile.ZipFile(path).read("data_3/data.pkl")
+    assert "method 99" in reason(path)
+
+
+def test_an_exception_in_a_checker_is_that_file_damaged(tmp_path, monkeypatch):
+    from reconcile_host.reconcilers.extractions import integrity
+
+    path = write_sample(tmp_path, 3)
+    for exc in (MemoryError(), OverflowError("int too large"), struct.error("unpack"), RecursionError()):
+        def boom(*_a, exc=exc, **_k):
+            raise exc
+        monkeypatch.setattr(integrity, "check_torch_zip", boom)
+        v = check_path(str(path))
+        assert v.state == DAMAGED and v.reason.startswith(f"checker raised {type(exc).__name__}"), v
+
+
+def test_what_cannot_be_read_is_unreadable_not_damaged(tmp_path):
+    d = tmp_path / "data_1.ckpt"
+    d.mkdir()
+    fifo = tmp_path / "data_2.ckpt"
+    os.mkfifo(fifo)  # opened without blocking: no writer would ever come
+    for p in (d, fifo):
+        for depth in (STRUCTURE, CONTENT):
+            v = check_path(str(p), depth)
+            assert v.state == UNREADABLE and v.reason.startswith("unreadable"), v
+    assert check_path(str(tmp_path / "gone.ckpt")).state == GONE
+
+
+def test_read_error_midway_is_unreadable(tmp_path, monkeypatch):
+    """EIO while reading (a bad sector under the file), in the middle of the content check: the
+    check could not be done, so the file is unreadable, not damaged (a real EIO, from a FUSE
+    filesystem, is in tests/test_extractions_integrity.py)."""
+    import errno
+
+    from reconcile_host.reconcilers.extractions import integrity
+
+    path = write_sample(tmp_path, 3, size=8192)
+
+    def eio(*_a):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(integrity.os, "preadv", eio)
+    v = check_path(str(path), CONTENT)
+    assert v.state == UNREADABLE and v.reason == "unreadable: Input/output error (EIO)", v
+
+
+def test_gz_checked_shallow_unless_content(tmp_path):
     good = write_sample(tmp_path, 1, fmt="ckpt.gz")
     full = good.read_bytes()
     cut = write_sample(tmp_path, 2, fmt="ckpt.gz", cut=len(full) // 2)
-    assert check_file(str(good))[0] is None
-    assert check_file(str(good), deep=True)[0] is None
-    assert check_file(str(cut))[0] is None  # only the magic is seen without decompressing
-    assert "truncated" in check_file(str(cut), deep=True)[0]
+    assert check_path(str(good)).gz_shallow and reason(good) is None
+    v = check_path(str(good), CONTENT)
+    assert v.whole and not v.gz_shallow
+    assert reason(cut) is None  # only the header is read without decompressing
+    assert "truncated" in reason(cut, CONTENT)
+    junk = tmp_path / "data_3.ckpt.gz"
+    junk.write_bytes(full + b"junk")  # SpecForge's gzip.open(...).read() raises BadGzipFile
+    assert "Not a gzipped file" in reason(junk, CONTENT)
+    padded = tmp_path / "data_4.ckpt.gz"
+    padded.write_bytes(full + bytes(100))  # zero padding: what gzip readers accept
+    assert reason(padded, CONTENT) is None
 
 
 def test_gz_of_truncated_ckpt_is_damaged_when_deep(tmp_path):
     inner = write_sample(tmp_path, 1).read_bytes()
     path = tmp_path / "data_9.ckpt.gz"
     path.write_bytes(gzip.compress(inner[: len(inner) - 40]))
-    assert check_file(str(path), deep=True)[0]
+    assert reason(path, CONTENT).startswith("gzip content:")
 
 
 def test_safetensors(tmp_path):
     good = write_sample(tmp_path, 1, fmt="safetensors")
     full = good.read_bytes()
-    assert check_file(str(good))[0] is None
+    assert reason(good) is None
     cut = write_sample(tmp_path, 2, fmt="safetensors", cut=len(full) - 1)
-    assert check_file(str(cut))[0].startswith("truncated")
+    assert reason(cut).startswith("truncated")
     header = write_sample(tmp_path, 3, fmt="safetensors", cut=20)
-    assert check_file(str(header))[0].startswith("truncated")
+    assert reason(header).startswith("truncated")
     long = tmp_path / "data_4.safetensors"
     long.write_bytes(full + b"\0")
-    assert "after the last tensor" in check_file(str(long))[0]
+    assert "after the last tensor" in reason(long)
     bad = tmp_path / "data_5.safetensors"
     bad.write_bytes((5).to_bytes(8, "little") + b"{nope")
-    assert "not JSON" in check_file(str(bad))[0]
+    assert "not JSON" in reason(bad)
+
+
+def _safetensors(tensors: list[tuple[str, str, bytes]]) -> bytes:
+    header, pos = {}, 0
+    for name, dtype, data in tensors:
+        width = {"I64": 8, "BF16": 2, "F32": 4}[dtype]
+        header[name] = {"dtype": dtype, "shape": [len(data) // width], "data_offsets": [pos, pos + len(data)]}
+        pos += len(data)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw + b"".join(d for *_, d in tensors)
+
+
+def test_safetensors_zero_page_in_float_data_only(tmp_path):
+    """A crash-zeroed page is seen by the content check in float data; an integer tensor full of
+    zeros (a loss_mask over a long prompt) is left alone."""
+    import random
+
+    rng = random.Random(3)
+    floats = bytes(b | 1 for b in rng.randbytes(32768))  # no zero anywhere, as in real hidden states
+    path = tmp_path / "data_1.safetensors"
+    path.write_bytes(_safetensors([("loss_mask", "I64", bytes(16384)), ("hidden_state", "BF16", floats)]))
+    assert reason(path) is None and reason(path, CONTENT) is None
+    data = bytearray(path.read_bytes())
+    start = len(data) - len(floats)
+    page = -(-(start + 5000) // 4096) * 4096
+    data[page:page + 4096] = bytes(4096)
+    path.write_bytes(bytes(data))
+    assert reason(path) is None  # the structure is intact
+    assert "page of zeros" in reason(path, CONTENT) and "hidden_state" in reason(path, CONTENT)
+
+
+def test_crc_of_a_range_from_running_crcs():
+    import random
+    import zlib
+
+    from reconcile_host.reconcilers.extractions.gzipstream import crc_of_suffix
+
+    rng = random.Random(5)
+    for _ in range(200):
+        a, b = rng.randbytes(rng.randrange(0, 3000)), rng.randbytes(rng.randrange(0, 70000))
+        assert crc_of_suffix(zlib.crc32(a + b), zlib.crc32(a), len(b)) == zlib.crc32(b)
+
+
+def _gzip_variants(payload: bytes) -> list[bytes]:
+    good = gzip.compress(payload, mtime=0)
+    named = bytearray(good)
+    named[3] |= 8  # FNAME set, but there is no name: gzip reads into the deflate data
+    hcrc = bytearray(good)
+    hcrc[3] |= 2
+    out = [good, good + bytes(1), good + bytes(5000), good + gzip.compress(b"", mtime=0),
+           good + gzip.compress(b"more", mtime=0), good + bytes(3) + gzip.compress(b"x", mtime=0),
+           good + b"x", good + bytes(16) + b"junk", good + b"\x1f\x8b", good + b"\x1f", bytes(named), bytes(hcrc),
+           b"", bytes(len(good)), b"\x1f\x8b\x07" + good[3:]]
+    out += [good[:n] for n in (1, 2, 9, 10, 11, len(good) // 2, len(good) - 8, len(good) - 4, len(good) - 1)]
+    for i in (4, 20, len(good) // 2, len(good) - 8, len(good) - 5, len(good) - 1):  # mtime, data, crc, isize
+        flipped = bytearray(good)
+        flipped[i] ^= 0x10
+        out.append(bytes(flipped))
+    return out
+
+
+def test_gzip_rules_are_cpythons(tmp_path):
+    """What follows the last member, truncation, flips: our streaming reader accepts exactly
+    what `gzip.open(p).read()` (SpecForge's reader) accepts, with the same content."""
+    from reconcile_host.reconcilers.extractions.gzipstream import GzipDamage, decompress
+
+    payload = write_sample(tmp_path, 1, size=20000).read_bytes()
+    for n, data in enumerate(_gzip_variants(payload)):
+        p = tmp_path / f"v{n}.gz"
+        p.write_bytes(data)
+        try:
+            with gzip.open(p, "rb") as f:
+                theirs = f.read()
+        except (OSError, EOFError, zlib.error):
+            theirs = None
+        got = []
+        try:
+            with open(p, "rb") as fh:
+                decompress(fh, got.append)
+            ours = b"".join(got)
+        except GzipDamage:
+            ours = None
+        assert ours == theirs, (n, data[-20:])
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 64, 4096, 1 << 20])
+def test_zip_stream_serves_what_the_zip_check_needs(tmp_path, chunk):
+    """A ZIP content fed in chunks of any size: every entry's CRC-32 from the running CRCs and
+    every local header, as a file would give them."""
+    import zlib
+
+    from reconcile_host.reconcilers.extractions.gzipstream import ZipStream
+
+    data = write_sample(tmp_path, 1, size=9000).read_bytes()
+    s = ZipStream()
+    for i in range(0, len(data), chunk):
+        s(data[i:i + chunk])
+    s.finish()
+    view = s.view()
+    for info in zipfile.ZipFile(io.BytesIO(data)).infolist():
+        start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+        assert view.crc_of(start, info.compress_size) == zlib.crc32(data[start:start + info.compress_size])
+        assert view.read_at(info.header_offset, 30) == data[info.header_offset:info.header_offset + 30]
 
 
 # --- scanning --------------------------------------------------------------------------

@@ -4,9 +4,12 @@ One namespace holds the story: a real systemd (PID 1) running `vllm-kimi-k25-int
 (Restart=always, enabled) that holds 8 fake GPUs at ~75.8 GB each through the real pynvml
 bindings; `/data` a tmpfs mounted in that namespace; a SpecForge-layout extraction stopped
 half way with one file cut off by the "crash", and `eagle3-extract.service` to resume it.
-The state is `states/kpro6-recovery.yaml`, changed only where the test needs it (paths,
-totals, the /data device and its free-space floor). Results are checked with systemctl,
-pynvml and the file system directly.
+The samples are SpecForge's, written by the real torch.save (tests/torch_support.py); one,
+written just before the crash, has a page that reads back as zeros with its size kept (what
+delayed allocation leaves after a VM crash): only its CRC-32 shows it. The state is
+`states/kpro6-recovery.yaml`, changed only where the test needs it (paths, totals, the /data
+device and its free-space floor). Results are checked with systemctl, pynvml, torch.load and
+the file system directly.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from pathlib import Path
 
 import gpu_support as gs
 import pytest
+import torch_support as ts
 from cli_support import cli_env, reconcile_argv
-from extraction_support import FAKE_EXTRACT, write_samples
+from extraction_support import FAKE_EXTRACT
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM = "vllm-kimi-k25-int4.service"
@@ -30,6 +34,7 @@ EXTRACT = "eagle3-extract.service"
 HOLD_MIB = 72289  # ~75.8 GB per GPU, as in the seed
 TOTAL, DONE, GROUP = 120, 60, 20  # "18,400 of 37,312" scaled down: half done
 CUT = DONE - 1  # the sample being written when the VM died
+ZEROED = DONE - 2  # written just before: a page of it never reached the disk
 BOOT_LOG = ("[    0.000000] Linux version 6.1.0-18-amd64 (debian-kernel@lists.debian.org)\n"
             "[    4.212001] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  590.48.01  Thu Nov 20 2025\n")
 # Every query on a GPU that fell off the bus answers GPU_IS_LOST (its handle and PCI identity are still known).
@@ -95,9 +100,16 @@ def by_id(report: dict) -> dict[str, dict]:
     return {r["id"]: r for r in report["resources"]}
 
 
+def sample(out: Path, idx: int) -> Path:
+    g = idx // GROUP * GROUP
+    return out / f"rows_{g}-{g + GROUP}" / f"data_{idx}.ckpt"
+
+
 @pytest.fixture
 def scenario(nsystemd, tmp_path, fake_lib):
+    python = ts.need(ts.torch_python(), "torch 2.x interpreter")
     s = Scenario(nsystemd, tmp_path, fake_lib)
+    s.python = python
     nsystemd.set_hostname("kpro6-ct129")
     tag = gs.new_tag()
     gs.FakeConfig(gpus=gs.seed_gpus(8), holders=[gs.FakeHolder(mib=HOLD_MIB, gpus=range(8), cmdline=tag)]
@@ -108,13 +120,24 @@ def scenario(nsystemd, tmp_path, fake_lib):
     out = s.data / "hidden_states"
     # Written through the namespace's view of the file system: the tmpfs is mounted only there.
     s.ns_out = nsystemd.root / str(out).lstrip("/")
-    write_samples(s.ns_out, range(DONE), group=GROUP)
-    cut = s.ns_out / f"rows_{CUT // GROUP * GROUP}-{CUT // GROUP * GROUP + GROUP}" / f"data_{CUT}.ckpt"
+    spec = []
+    for i in range(DONE):  # SpecForge's samples, as fake_extract.py --torch writes them
+        sample(s.ns_out, i).parent.mkdir(parents=True, exist_ok=True)
+        spec.append({"path": str(sample(s.ns_out, i)), "fmt": "ckpt", "t": 63, "h": 256, "dtype": "bf16", "seed": i})
+    ts.write(python, spec, tmp_path)
+    cut = sample(s.ns_out, CUT)
     cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
-    old = time.time() - 3600  # written before the crash, an hour ago
-    for p in s.ns_out.rglob("*.ckpt"):
-        os.utime(p, (old, old))
-    s.cut = cut
+    zeroed = sample(s.ns_out, ZEROED)
+    data = bytearray(zeroed.read_bytes())
+    aux = next(i for i in zipfile.ZipFile(zeroed).infolist() if i.filename.endswith("/data/2"))
+    page = (aux.header_offset + 4096 * 4) // 4096 * 4096  # a page in the middle of aux_hidden_state
+    data[page:page + 4096] = bytes(4096)
+    zeroed.write_bytes(bytes(data))
+    assert zeroed.stat().st_size == len(data)
+    old = time.time() - 3600  # written before the crash, an hour ago, at the job's pace
+    for i in range(DONE):
+        os.utime(sample(s.ns_out, i), (old + i / 15, old + i / 15))
+    s.cut, s.zeroed = cut, zeroed
     # The vLLM service that auto-started after the reboot, holding every GPU.
     nsystemd.write_unit(VLLM, (
         f"[Unit]\nDescription=vLLM Kimi-K2.5 INT4\n[Service]\n"
@@ -125,7 +148,7 @@ def scenario(nsystemd, tmp_path, fake_lib):
     # The extraction job, resumable: skips every index whose file exists (SpecForge's resume).
     nsystemd.write_unit(EXTRACT, (
         f"[Unit]\nDescription=EAGLE-3 hidden-state extraction\n[Service]\nType=exec\n"
-        f"ExecStart={sys.executable} {FAKE_EXTRACT} --out {out} --total {TOTAL} --rate 15 --group-size {GROUP}\n"))
+        f"ExecStart={python} {FAKE_EXTRACT} --torch --out {out} --total {TOTAL} --rate 15 --group-size {GROUP}\n"))
     s.state = recovery_state(tmp_path, s.data)
     yield s
     nsystemd.systemctl("stop", EXTRACT, VLLM)
@@ -149,6 +172,9 @@ def test_seed_recovery_end_to_end(scenario):
     ext = res["extraction:eagle3-hidden-states"]
     assert {d["field"] for d in ext["drift"]} == {"damaged", "done"}
     assert [a["action"] for a in ext["actions"]] == ["quarantine", "start"]
+    damaged = {d["path"].rsplit("/", 1)[1]: d["reason"] for d in ext["observed"]["damaged"]}
+    assert set(damaged) == {s.cut.name, s.zeroed.name}, damaged
+    assert "CRC-32" in damaged[s.zeroed.name]  # the size and the structure are as written
     assert s.nsd.show(VLLM, "ActiveState") == "active" and s.gpu_memory() == [HOLD_MIB] * 8
 
     # 2. The recovery: one command.
@@ -162,10 +188,9 @@ def test_seed_recovery_end_to_end(scenario):
     # the GPUs are free, as pynvml itself reads them
     assert s.gpu_memory() == [0] * 8
     assert res["gpus"]["summary"].count("0MiB / 97887MiB") == 8
-    # the cut-off sample is in quarantine, not deleted
-    assert not s.cut.exists() or zipfile.is_zipfile(s.cut)
-    quarantined = list((s.ns_out / ".reconcile-quarantine").rglob(s.cut.name))
-    assert len(quarantined) == 1
+    # the cut-off and the zero-paged samples are in quarantine, not deleted
+    for p in (s.cut, s.zeroed):
+        assert len(list((s.ns_out / ".reconcile-quarantine").rglob(p.name))) == 1
     # the extraction runs
     assert s.nsd.show(EXTRACT, "ActiveState") in ("active", "inactive")
 
@@ -198,6 +223,9 @@ def test_seed_recovery_end_to_end(scenario):
     counts = [c for c, _ in seen]
     assert counts == sorted(counts) and counts[-1] == TOTAL
     assert all(status == "ok" for status in [r["status"] for r in report["resources"]])
+    # the regenerated samples are SpecForge's, as torch.load reads them
+    ts.same(s.python, [{"path": str(p), "fmt": "ckpt", "t": 63, "h": 256, "dtype": "bf16", "seed": i}
+                       for p, i in ((s.cut, CUT), (s.zeroed, ZEROED))], s.tmp)
     # the regenerated sample is whole
     assert zipfile.ZipFile(s.cut).testzip() is None
 

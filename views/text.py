@@ -56,6 +56,8 @@ def render_text(doc: dict[str, Any], out: IO[str], verbose: bool = False, style:
         if status == "ok" and not res["actions"]:
             detail = res.get("summary", "") if verbose else ""
             out.write(head + s(f"  ok{'  (' + detail + ')' if detail else ''}", "dim") + "\n")
+            for note in res.get("caveats", ()):
+                out.write(f"      {s('note: ' + note, 'yellow')}\n")
             if res["message"] and verbose:
                 out.write(f"      {res['message']}\n")
             continue
@@ -74,6 +76,8 @@ def render_text(doc: dict[str, Any], out: IO[str], verbose: bool = False, style:
             out.write(line + "\n")
         for line in res["message"].split("\n") if res["message"] else ():
             out.write(f"      {s(line, 'red' if status == 'error' else 'dim')}\n")
+        for note in res.get("caveats", ()):
+            out.write(f"      {s('note: ' + note, 'yellow')}\n")
     out.write("\n")
     summary = doc["summary"]
     counts = ", ".join(f"{summary[st]} {st}" for st in STATUSES if summary.get(st))

@@ -53,7 +53,7 @@ from ...pipeline.contract import (
     run_action,
 )
 from ...pipeline.values import format_duration, parse_duration
-from .integrity import check
+from .integrity import CONTENT, GONE, STAT, STRUCTURE, UNREADABLE, Verdict, check_path
 from .job import START_TIMEOUT, JobObserved, observe_jobs, start_command
 from .listing import QUARANTINE, Listing, leaf_form, list_tree
 from .quarantine import quarantine
@@ -97,12 +97,15 @@ class ExtractionObserved:
     writing: int  # incomplete files being written by the running job
     verify: str
     checked: int  # files whose integrity was checked by this observation
-    unverified_gz: int  # .gz files only checked for their magic (verify: recent)
+    unverified_gz: int  # indices whose .gz was never decompressed, only its header read (verify: recent)
     out_of_range: int
     rate: float | None  # samples/s from recent modification times
     newest: float | None  # mtime of the newest file seen
     eta_s: float | None
     job: JobObserved
+    unreadable: tuple[Damaged, ...] = ()  # files that could not be read (EIO, EACCES): not done, not moved
+    content_checked: int = 0  # files of `checked` whose every byte was read (CRCs, decompression)
+    no_crc: int = 0  # indices whose torch.save archive has no CRCs: tensor bytes unproven
 
 
 def _progress(total: int, counted: int, rate: float | None, eta: float | None) -> str:
@@ -201,43 +204,71 @@ class ExtractionsReconciler(Reconciler):
             to_check = normalize(new + intersect(present, was_recent))
         carried = [f for f in carried if not contains(to_check, f.index)]
 
-        now = time.time()
-        bad: list[Damaged] = []
-        bad_idx: set[int] = set()
-        good: set[int] = set()
-        in_flight: set[int] = set()  # checked, neither whole nor damaged: being written or gone
-        mtimes: dict[int, float] = {}  # index -> newest mtime of its files, for the files looked at
-        seen_files: list[RecentFile] = []  # files looked at that may turn out recent
-        newest_so_far = record.newest if record and record.newest else 0.0
-        writing = checked = unverified = 0
+        # Phase 1: every file to check, at the depth its verify mode asks (recent: the
+        # structure, except for the files the recent rule re-reads, whose content is read).
+        depth = {"all": CONTENT, "recent": STRUCTURE, "none": STAT}[verify]
+        verdicts: list[tuple[int, str, Verdict]] = []
         for idx in each(to_check):
             for rel in listing.paths(idx):
                 if beat:
                     beat()
-                reason, st = check(os.path.join(root, rel), verify)
-                if st is None:  # vanished between the listing and the check
-                    continue
-                t = st.st_mtime_ns / 1e9
-                mtimes[idx] = max(mtimes.get(idx, 0.0), t)
-                newest_so_far = max(newest_so_far, t)
-                if t >= newest_so_far - RECENT_WINDOW:  # an older one cannot be recent: the newest only grows
-                    seen_files.append(RecentFile.of(rel, idx, st, verify != "none" and reason is None))
-                if verify == "none":
-                    continue
-                checked += 1
-                if reason is None:
-                    if rel.endswith(".gz") and verify != "all":
-                        unverified += 1
-                    good.add(idx)
-                elif (job.running or job.how == "none") and now - st.st_mtime < WRITING_GRACE:
-                    writing += 1
-                else:
-                    bad.append(Damaged(rel, reason, st.st_size, st.st_mtime))
-                    bad_idx.add(idx)
-            if verify != "none" and idx not in good and idx not in bad_idx:
-                in_flight.add(idx)
+                v = check_path(os.path.join(root, rel), CONTENT if idx in reread else depth)
+                if v.state != GONE:  # GONE: vanished between the listing and the check
+                    verdicts.append((idx, rel, v))
+        mtimes: dict[int, float] = {}  # index -> newest mtime of its files, for the files looked at
+        for idx, _, v in verdicts:
+            if v.st is not None:
+                mtimes[idx] = max(mtimes.get(idx, 0.0), v.st.st_mtime_ns / 1e9)
         for f in carried:
             mtimes[f.index] = max(mtimes.get(f.index, 0.0), f.mtime_ns / 1e9)
+        newest = max(mtimes.values(), default=None)
+        if record and record.newest and (newest is None or record.newest > newest):
+            newest = record.newest
+        # Phase 2 (recent): files written within RECENT_WINDOW of the newest, when no check of
+        # this boot has seen them (a first check, or the first since a reboot), may hold pages
+        # a crash lost: their content is read too.
+        if verify == "recent" and newest is not None and (record is None or boot is None or boot != record.boot_id):
+            for n, (idx, rel, v) in enumerate(verdicts):
+                if v.whole and v.depth == STRUCTURE and v.st.st_mtime_ns / 1e9 >= newest - RECENT_WINDOW:
+                    if beat:
+                        beat()
+                    deep = check_path(os.path.join(root, rel), CONTENT)
+                    if deep.state != GONE:
+                        verdicts[n] = (idx, rel, deep)
+
+        now = time.time()
+        bad: list[Damaged] = []
+        unreadable: list[Damaged] = []
+        bad_idx: set[int] = set()
+        good: set[int] = set()
+        shallow_gz: set[int] = set()
+        no_crc: set[int] = set()
+        in_flight: set[int] = set()  # checked, neither whole nor damaged: being written or unreadable
+        seen_files: list[RecentFile] = []  # files looked at, for the recent list
+        writing = checked = content_checked = 0
+        for idx, rel, v in verdicts:
+            st = v.st
+            if st is not None:
+                seen_files.append(RecentFile.of(rel, idx, st, v.whole))
+            if verify == "none":
+                continue
+            checked += 1
+            content_checked += v.depth == CONTENT
+            if v.whole:
+                good.add(idx)
+                if v.gz_shallow:
+                    shallow_gz.add(idx)
+                if v.no_crc:
+                    no_crc.add(idx)
+            elif v.state == UNREADABLE:
+                unreadable.append(Damaged(rel, v.reason, st.st_size if st else 0, st.st_mtime if st else 0.0))
+            elif (job.running or job.how == "none") and st is not None and now - st.st_mtime < WRITING_GRACE:
+                writing += 1
+            else:
+                bad.append(Damaged(rel, v.reason, st.st_size if st else 0, st.st_mtime if st else 0.0))
+                bad_idx.add(idx)
+        if verify != "none":
+            in_flight = {i for i in each(to_check) if i not in good and i not in bad_idx}
         # An index with one good and one damaged file (x.ckpt and x.ckpt.gz) is done, but the
         # damaged one still goes to quarantine.
         unusable = to_ranges((bad_idx | in_flight) - good)
@@ -248,9 +279,6 @@ class ExtractionsReconciler(Reconciler):
         allowed_absent = size(intersect(absent, allowed))
         missing = subtract(absent, allowed)
 
-        newest = max(mtimes.values(), default=None)
-        if record and record.newest and (newest is None or record.newest > newest):
-            newest = record.newest
         window = {i: t for i, t in mtimes.items() if newest is not None and t >= newest - RECENT_WINDOW}
         rate = _rate(list(window.values()))
         counted = done + allowed_absent
@@ -258,11 +286,19 @@ class ExtractionsReconciler(Reconciler):
         if rate and job.running and counted < spec["min_done"]:
             eta = (spec["min_done"] - counted) / rate
 
+        looked = to_check if verify != "none" else []
+
+        def carry_over(old: list[tuple[int, int]], now_set: set[int]) -> list[tuple[int, int]]:
+            """Indices still so from earlier checks (present, not checked now), and now."""
+            return normalize(subtract(intersect(old, present), looked) + to_ranges(now_set))
+
         if verify == "none":
             verified = record.verified if record else []
         else:
             verified = normalize(subtract(intersect(record.verified if record else [], present),
                                             to_ranges(bad_idx)) + to_ranges(good))
+        gz_shallow = carry_over(record.gz_shallow if record else [], shallow_gz)
+        no_crc_ranges = carry_over(record.no_crc if record else [], no_crc)
         recent = sorted((f for f in seen_files + carried if f.index in window), key=lambda f: (f.index, f.rel))
         new_state = {
             "format": STATE_FORMAT, **key,
@@ -271,6 +307,8 @@ class ExtractionsReconciler(Reconciler):
             "recent": [list(f) for f in recent],
             "newest": newest,
             "boot_id": boot,
+            "gz_shallow": [list(x) for x in gz_shallow],
+            "no_crc": [list(x) for x in no_crc_ranges],
             "dirs": listing.cache,
         }
         # An unchanged tree leaves the file as it is: no write per diff.
@@ -283,8 +321,9 @@ class ExtractionsReconciler(Reconciler):
             dir=root, exists=exists, total=total, done=done, counted=counted, files=files,
             missing=size(missing), missing_ranges=tuple(missing[:MAX_RANGES]),
             missing_ranges_more=max(0, len(missing) - MAX_RANGES), damaged=tuple(bad), writing=writing,
-            verify=verify, checked=checked, unverified_gz=unverified, out_of_range=stray, rate=rate,
-            newest=newest, eta_s=eta, job=job,
+            verify=verify, checked=checked, unverified_gz=size(gz_shallow), out_of_range=stray, rate=rate,
+            newest=newest, eta_s=eta, job=job, unreadable=tuple(unreadable), content_checked=content_checked,
+            no_crc=size(no_crc_ranges),
         )
 
     # --- diff and plan ---------------------------------------------------------------
@@ -293,6 +332,8 @@ class ExtractionsReconciler(Reconciler):
         drift = []
         if observed.damaged:
             drift.append(Drift("damaged", 0, len(observed.damaged)))
+        if observed.unreadable:
+            drift.append(Drift("unreadable", 0, len(observed.unreadable)))
         min_done = resource.spec["min_done"]
         if observed.counted < min_done:
             drift.append(Drift("done", f">= {min_done}", observed.counted))
@@ -307,8 +348,9 @@ class ExtractionsReconciler(Reconciler):
         if not observed.exists:
             notes.append(f"{observed.dir} does not exist yet")
         message = "; ".join(notes)
+        caveats = _caveats(observed)
         if not drift:
-            return Plan(message=message)
+            return Plan(message=message, caveats=caveats)
         actions: list[Action] = []
         if observed.damaged:
             n = len(observed.damaged)
@@ -318,21 +360,31 @@ class ExtractionsReconciler(Reconciler):
                 f"({observed.damaged[0].path}: {observed.damaged[0].reason}"
                 + (f", +{n - 1} more" if n > 1 else "") + ")",
                 {"files": [{"path": d.path, "reason": d.reason} for d in observed.damaged]}))
-        if observed.counted >= spec["min_done"]:
-            return Plan(actions=tuple(actions), message=message)
+        # A file that cannot be read is neither done nor moved: a disk error or a permission is
+        # for a person to look at (the job would skip the index, its file being there).
+        unreadable = None
+        if observed.unreadable:
+            n, first = len(observed.unreadable), observed.unreadable[0]
+            unreadable = (f"{n} file{'s' if n != 1 else ''} cannot be read ({first.path}: {first.reason}"
+                          + (f", +{n - 1} more" if n > 1 else "") + "): not counted done and not moved; "
+                          "repair or move by hand")
         job = observed.job
+        if observed.counted >= spec["min_done"]:
+            return Plan(actions=tuple(actions), blocked=unreadable, message=message, caveats=caveats)
         if job.running:
             return Plan(actions=tuple(actions), converging=f"{job.how} {job.target} running ({job.state}): {progress}",
-                        message=message)
+                        blocked=unreadable, message=message, caveats=caveats)
+        why = None
         if job.how == "none":
-            return Plan(actions=tuple(actions), blocked=f"{progress}; no resume declared to continue the job",
-                        message=message)
-        if job.how == "unit" and not job.exists:
-            return Plan(actions=tuple(actions), blocked=f"{progress}; resume unit {job.target} not found",
-                        message=message)
+            why = f"{progress}; no resume declared to continue the job"
+        elif job.how == "unit" and not job.exists:
+            why = f"{progress}; resume unit {job.target} not found"
+        if why:
+            return Plan(actions=tuple(actions), blocked="; ".join(x for x in (unreadable, why) if x),
+                        message=message, caveats=caveats)
         actions.append(Action("start", job.target, f"start {job.how} {job.target} to resume at {progress}",
                               {"how": job.how}))
-        return Plan(actions=tuple(actions), message=message)
+        return Plan(actions=tuple(actions), blocked=unreadable, message=message, caveats=caveats)
 
     # --- apply -----------------------------------------------------------------------
 
@@ -356,6 +408,8 @@ class ExtractionsReconciler(Reconciler):
             parts.append(f"{observed.missing:,} missing")
         if observed.damaged:
             parts.append(f"{len(observed.damaged)} damaged")
+        if observed.unreadable:
+            parts.append(f"{len(observed.unreadable)} unreadable")
         if observed.writing:
             parts.append(f"{observed.writing} being written")
         if observed.job.how != "none":
@@ -393,6 +447,20 @@ def _unchanged_recent(root: str, listing: Listing, present: list[tuple[int, int]
         else:
             unchanged += known
     return unchanged, reread
+
+
+def _caveats(observed: ExtractionObserved) -> tuple[str, ...]:
+    """What this observation could not prove whole, said every time (docs/extractions.md)."""
+    out = []
+    if observed.unverified_gz:
+        n = observed.unverified_gz
+        out.append(f"{n:,} .gz sample{'s' if n != 1 else ''} not decompressed (verify: recent reads the gzip "
+                   "header only): not proven whole; `verify: all` decompresses them")
+    if observed.no_crc:
+        n = observed.no_crc
+        out.append(f"{n:,} sample{'s' if n != 1 else ''} written without CRC-32s (torch.serialization."
+                   "set_crc32_options(False)): tensor bytes cannot be verified, only searched for zeroed pages")
+    return tuple(out)
 
 
 def _rate(mtimes: list[float]) -> float | None:

@@ -1,31 +1,64 @@
-"""Is a sample file complete? Cheap structural checks on an open file, no torch needed.
+"""Is a sample file whole? One function per file, `check_path`, no torch needed.
 
-`torch.save` writes a ZIP archive straight to its final path; the central directory and
-the end-of-central-directory record come last, so a file cut off mid-write has none.
-`zipfile` reads only the tail; we add each entry's bounds against the file size and a
-`*/data.pkl` entry. A gzip file (`.ckpt.gz`) can only be proven whole by decompressing
-all of it (its CRC and length are in the last 8 bytes), so that is done only when asked.
-Safetensors: 8-byte little-endian header length N, N bytes of JSON, then the tensors;
-the file is exactly 8 + N + the largest end offset.
+"Whole" means, per format (docs/extractions.md says the same for users):
+- a torch.save ZIP (`.ckpt`, `.pt`, ...): torch.load would load it and it is what was written.
+  The structural check reads it as torch.load does (torchzip.py: the end record, the central
+  directory, each local header, the records read at open, data.pkl walked without executing it
+  (torchpickle.py) and every storage it names, present with its exact size). The content check
+  adds every entry's CRC-32, over the bytes torch would read. An archive written with CRCs off
+  (torch.serialization.set_crc32_options(False)) cannot be proven: it gets the zero-page look
+  of safetensors instead, and says so (`no_crc`);
+- safetensors: structurally complete (the library's own rules) and, in the content check, no
+  crash-zeroed page found in float tensor data (safetensors_file.py): the format has no checksum;
+- `.gz` (SpecForge's `--compress`): only a full decompression proves it (gzipstream.py, with
+  CPython gzip's rules on what may follow the last member); then the content is checked as
+  above, with its CRCs. The structural check reads the gzip header only, and such a file is
+  never called verified (`gz_shallow`).
 
-Each check returns None for a good file, else a one-line reason.
+Depths: STAT (verify: none: a stat, no read), STRUCTURE (the cheap check, reading a few small
+ranges), CONTENT (every byte read once). Any exception while checking one file makes that
+file DAMAGED with the reason, never the extraction an error; a file that cannot be read
+(EIO, EACCES, not a regular file) is UNREADABLE, neither done nor damaged. `check_path`
+takes and returns plain data, so a pool of processes can run it.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import os
-import struct
-import zipfile
+import stat
 import zlib
-from typing import BinaryIO
+from dataclasses import dataclass
 
-ZIP_MAGIC = b"PK\x03\x04"
-GZIP_MAGIC = b"\x1f\x8b"
-LOCAL_HEADER = struct.Struct("<4s2x2x2x2x2x4x4x4xHH")  # signature ... name length, extra length
-MAX_SAFETENSORS_HEADER = 100 * 2**20  # the format's own limit
-GZIP_TAIL = 4 * 2**20  # decompressed bytes kept to read the inner ZIP's central directory
+from .gzipstream import GzipDamage, ZipStream, check_header, decompress, spool
+from .safetensors_file import SafetensorsDamage, check_safetensors
+from .torchpickle import PickleDamage
+from .torchzip import PAGE, Missing, ZipDamage, check_torch_zip
+
+STAT, STRUCTURE, CONTENT = "stat", "structure", "content"
+WHOLE, DAMAGED, UNREADABLE, GONE, UNCHECKED = "whole", "damaged", "unreadable", "gone", "unchecked"
+READ_CHUNK = 1024 * 1024
+ZERO_PAGE = bytes(PAGE)
+# A zero page counts where at least this much of it is float data (a page across an integer
+# tensor and a float one); 1 KiB is 512 bf16 values, none of which a hidden state has exactly 0.
+MIN_FLOAT_OVERLAP = 1024
+MIN_ZERO_RUN = 64  # a zeroed last page shorter than this (32 bf16 values) is not told from data
+ZERO_RUN = bytes(MIN_ZERO_RUN)
+_DAMAGE = (ZipDamage, PickleDamage, SafetensorsDamage, GzipDamage)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: str  # WHOLE, DAMAGED, UNREADABLE, GONE (vanished since listed), UNCHECKED (depth STAT)
+    reason: str = ""  # why DAMAGED or UNREADABLE
+    depth: str = STRUCTURE  # how deep the check went
+    st: os.stat_result | None = None
+    no_crc: bool = False  # a torch.save ZIP without CRCs: its tensor bytes cannot be proven
+    gz_shallow: bool = False  # a .gz whose header only was read (not decompressed)
+    trailing: int = 0  # bytes after the ZIP end record, ignored as torch.load ignores them
+
+    @property
+    def whole(self) -> bool:
+        return self.state == WHOLE
 
 
 def kind_of(name: str) -> str:
@@ -35,192 +68,146 @@ def kind_of(name: str) -> str:
     return kind + ("+gz" if name.endswith(".gz") else "")
 
 
-def check_file(path: str, deep: bool = False) -> tuple[str | None, os.stat_result]:
-    """Open, fstat and check one file. `deep` decompresses .gz files whole.
-    Returns (reason or None, stat). Raises OSError if the file cannot be opened."""
-    with open(path, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        return check_open(fh, st.st_size, kind_of(path), deep), st
+class FileSource:
+    """A torchzip/safetensors Source over an open file (positional reads: no shared offset)."""
 
+    def __init__(self, fd: int, size: int):
+        self.fd, self.size = fd, size
+        self._buf = bytearray(READ_CHUNK)
 
-def check_open(fh: BinaryIO, size: int, kind: str, deep: bool = False) -> str | None:
-    if size == 0:
-        return "empty file (0 bytes)"
-    if kind == "zip":
-        return check_zip(fh, size)
-    if kind == "safetensors":
-        return check_safetensors(fh, size)
-    head = fh.read(2)
-    if head != GZIP_MAGIC:
-        return "not a gzip file (bad magic)"
-    if not deep:
-        return None
-    return check_gzip(fh, size, kind[:-3])
-
-
-def check_zip(fh: BinaryIO, size: int) -> str | None:
-    fh.seek(0)
-    if fh.read(4) != ZIP_MAGIC:
-        return "not a torch.save ZIP archive (no PK signature at the start)"
-    try:
-        zf = zipfile.ZipFile(fh)
-    except zipfile.BadZipFile as exc:
-        if "central directory" in str(exc) or "not a zip file" in str(exc).lower():
-            return "truncated: no ZIP central directory at the end (cut off mid-write)"
-        return f"bad ZIP archive: {exc}"
-    except (EOFError, OSError, ValueError) as exc:
-        return f"bad ZIP archive: {exc}"
-    infos = zf.infolist()
-    if not any(i.filename.endswith("/data.pkl") for i in infos):
-        return "no */data.pkl entry: not a torch.save archive"
-    for info in infos:
-        if info.header_offset < 0 or info.header_offset + LOCAL_HEADER.size > size:
-            # zipfile shifts offsets by the difference between where the central directory
-            # says it is and where it was found: a hole in the middle shows up here.
-            return f"entry {info.filename} starts outside the file (bytes missing in the middle?)"
-        fh.seek(info.header_offset)
-        raw = fh.read(LOCAL_HEADER.size)
-        if len(raw) < LOCAL_HEADER.size:
-            return f"entry {info.filename}: local header cut off"
-        sig, name_len, extra_len = LOCAL_HEADER.unpack(raw)
-        if sig != ZIP_MAGIC:
-            return f"entry {info.filename}: no local header at offset {info.header_offset} (overwritten?)"
-        end = info.header_offset + LOCAL_HEADER.size + name_len + extra_len + info.compress_size
-        if end > size:
-            return f"entry {info.filename} ends at byte {end}, beyond the file's {size} bytes"
-    return None
-
-
-def check_safetensors(fh: BinaryIO, size: int) -> str | None:
-    fh.seek(0)
-    raw = fh.read(8)
-    if len(raw) < 8:
-        return f"truncated: {size} bytes, shorter than the 8-byte header length"
-    (n,) = struct.unpack("<Q", raw)
-    if n > MAX_SAFETENSORS_HEADER:
-        return f"bad header length {n}"
-    if 8 + n > size:
-        return f"truncated: header of {n} bytes does not fit in {size} bytes"
-    try:
-        header = json.loads(fh.read(n))
-    except (ValueError, UnicodeDecodeError):
-        return "bad safetensors header: not JSON"
-    if not isinstance(header, dict):
-        return "bad safetensors header: not a JSON object"
-    max_end = 0
-    for key, meta in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            begin, end = meta["data_offsets"]
-        except (TypeError, KeyError, ValueError):
-            return f"bad safetensors header: tensor {key!r} has no data_offsets"
-        if not (isinstance(begin, int) and isinstance(end, int)) or not 0 <= begin <= end:
-            return f"bad safetensors header: tensor {key!r} has offsets {begin}..{end}"
-        max_end = max(max_end, end)
-    want = 8 + n + max_end
-    if size < want:
-        return f"truncated: {size} of {want} bytes"
-    if size > want:
-        return f"{size - want} bytes after the last tensor ({want} expected)"
-    return None
-
-
-class _TailFile(io.RawIOBase):
-    """A read-only view of a stream of which only the first bytes and the last `len(tail)`
-    bytes are kept: enough for zipfile to read the central directory of a decompressed file."""
-
-    def __init__(self, head: bytes, tail: bytes, size: int):
-        self.head, self.tail, self.size, self.pos = head, tail, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.pos = {0: offset, 1: self.pos + offset, 2: self.size + offset}[whence]
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
-        start = self.size - len(self.tail)
-        if self.pos + n <= len(self.head):
-            out = self.head[self.pos:self.pos + n]
-        elif self.pos >= start:
-            out = self.tail[self.pos - start:self.pos - start + n]
-        else:
-            raise OSError("outside the kept part of the decompressed file")
-        self.pos += len(out)
+    def read_at(self, offset: int, n: int) -> bytes:
+        n = max(0, min(n, self.size - offset))
+        out = b""
+        while len(out) < n:
+            got = os.pread(self.fd, n - len(out), offset + len(out))
+            if not got:
+                break  # shorter than its size now: the caller finds what is missing
+            out += got
         return out
 
+    def _chunks(self, offset: int, n: int):
+        view = memoryview(self._buf)
+        end = offset + n
+        while offset < end:
+            got = os.preadv(self.fd, [view[:min(READ_CHUNK, end - offset)]], offset)
+            if got == 0:
+                raise ZipDamage(f"the file ends at byte {offset}, before its own end (truncated while read?)")
+            yield offset, view[:got]
+            offset += got
 
-def check_gzip(fh: BinaryIO, size: int, inner: str) -> str | None:
-    """Decompress the whole file (the only way to see its CRC), keeping just the head and
-    the tail of the content, then check the content's structure from those."""
-    fh.seek(0)
-    d = zlib.decompressobj(wbits=31)
-    head = b""
-    tail = bytearray()
-    total = 0
-    try:
-        while True:
-            chunk = fh.read(2**20)
-            if not chunk:
-                break
-            out = d.decompress(chunk)
-            if out:
-                total += len(out)
-                if len(head) < 64:
-                    head += out[:64 - len(head)]
-                tail += out
-                if len(tail) > GZIP_TAIL:
-                    del tail[:len(tail) - GZIP_TAIL]
-            if d.eof:
-                break
-        rest = d.flush()
-        total += len(rest)
-        tail += rest
-    except zlib.error as exc:
-        return f"corrupt gzip data: {exc}"
-    if not d.eof:
-        return "truncated: gzip stream ends before its end marker (cut off mid-write)"
-    if inner == "safetensors":
-        content = bytes(tail)
-        if total > len(content):
-            return None  # the header is at the start and was not kept; the CRC passed
-        return check_safetensors(io.BytesIO(content), len(content))
-    if not head.startswith(ZIP_MAGIC):
-        return "gzip content is not a torch.save ZIP archive"
-    try:
-        zf = zipfile.ZipFile(_TailFile(bytes(head), bytes(tail), total))
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        return f"gzip content: bad ZIP archive: {exc}"
-    if not any(i.filename.endswith("/data.pkl") for i in zf.infolist()):
-        return "gzip content: no */data.pkl entry"
-    if any(i.header_offset + i.compress_size > total for i in zf.infolist()):
-        return "gzip content: an entry ends beyond the end of the content"
-    return None
+    def crc_of(self, offset: int, n: int) -> int:
+        crc = 0
+        for _, chunk in self._chunks(offset, n):
+            crc = zlib.crc32(chunk, crc)
+        return crc
+
+    def first_zero_page(self, ranges: list[tuple[int, int]]) -> int | None:
+        """The first file page (PAGE-aligned, as the page cache's; the last one ends at the end
+        of the file) that is all zeros and holds at least MIN_FLOAT_OVERLAP bytes of `ranges`,
+        or all of a shorter tensor or last page (at least MIN_ZERO_RUN bytes): what a crash
+        leaves where data was not written back."""
+        spans = sorted(ranges)
+        for a, b in spans:
+            start = a // PAGE * PAGE
+            end = min(-(-b // PAGE) * PAGE, self.size)
+            for at, chunk in self._chunks(start, end - start):
+                if bytes(chunk).find(ZERO_RUN) < 0:  # fast path: no run of zeros long enough
+                    continue
+                for i in range(0, len(chunk), PAGE):
+                    page = chunk[i:i + PAGE]
+                    if len(page) < MIN_ZERO_RUN or page != ZERO_PAGE[:len(page)]:
+                        continue
+                    p0, p1 = at + i, at + i + len(page)
+                    inside = sum(max(0, min(p1, y) - max(p0, x)) for x, y in spans)
+                    if inside >= min(MIN_FLOAT_OVERLAP, b - a, len(page)):
+                        return p0
+        return None
 
 
-def check(path: str, verify: str):
-    """(reason or None, stat or None when the file vanished)."""
-    if verify == "none":
+def check_path(path: str, depth: str = STRUCTURE) -> Verdict:
+    """Check one file. Never raises for what the file holds; see the module docstring."""
+    if depth == STAT:
         try:
-            return None, os.stat(path)
+            return Verdict(UNCHECKED, depth=STAT, st=os.stat(path))
         except FileNotFoundError:
-            return None, None
+            return Verdict(GONE, depth=STAT)
+        except OSError as exc:
+            return Verdict(UNREADABLE, f"unreadable: {_oserror(exc)}", STAT)
     try:
-        return check_file(path, deep=verify == "all")
+        # O_NONBLOCK: a FIFO with the sample's name must not hang the check (no effect on files).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        return None, None
+        return Verdict(GONE, depth=depth)
     except OSError as exc:
         try:
             st = os.stat(path)
         except OSError:
-            return None, None
-        return f"unreadable: {exc.strerror}", st
+            st = None
+        return Verdict(UNREADABLE, f"unreadable: {_oserror(exc)}", depth, st)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return Verdict(UNREADABLE, "unreadable: not a regular file", depth, st)
+        try:
+            return _check(fd, st, kind_of(path), depth)
+        except _DAMAGE as exc:
+            return Verdict(DAMAGED, str(exc), depth, st)
+        except OSError as exc:
+            return Verdict(UNREADABLE, f"unreadable: {_oserror(exc)}", depth, st)
+        except Exception as exc:  # damage we did not foresee is still damage of this one file
+            return Verdict(DAMAGED, f"checker raised {type(exc).__name__}: {exc}"[:300], depth, st)
+    finally:
+        os.close(fd)
+
+
+def _oserror(exc: OSError) -> str:
+    import errno
+
+    name = errno.errorcode.get(exc.errno or 0, "")
+    return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
+
+
+def _check(fd: int, st: os.stat_result, kind: str, depth: str) -> Verdict:
+    size = st.st_size
+    if size == 0:
+        return Verdict(DAMAGED, "empty file (0 bytes)", depth, st)
+    content = depth == CONTENT
+    if kind == "zip":
+        result, _ = check_torch_zip(FileSource(fd, size), content)
+        return Verdict(WHOLE, depth=depth, st=st, no_crc=result.no_crc, trailing=result.trailing)
+    if kind == "safetensors":
+        check_safetensors(FileSource(fd, size), content)
+        return Verdict(WHOLE, depth=depth, st=st)
+    with os.fdopen(os.dup(fd), "rb") as fh:
+        if not content:
+            check_header(fh)  # the first member's header parses; the rest is unread
+            return Verdict(WHOLE, depth=depth, st=st, gz_shallow=True)
+        return _check_gz(fh, st, kind[:-3])
+
+
+def _check_gz(fh, st: os.stat_result, inner: str) -> Verdict:
+    stream = ZipStream()
+    total = decompress(fh, stream)
+    stream.finish()
+    if total == 0:
+        return Verdict(DAMAGED, "gzip content is empty", CONTENT, st)
+    try:
+        return _check_content(stream.view(), st, inner)
+    except Missing:
+        pass  # an inner layout the stream did not keep: decompress again into a temporary file
+    tmp, size = spool(fh)
+    with tmp:
+        return _check_content(FileSource(tmp.fileno(), size), st, inner)
+
+
+def _check_content(src, st: os.stat_result, inner: str) -> Verdict:
+    """The decompressed content, as a file of its own. The gzip CRC has proven it is what was
+    compressed, so the zero-page rule (for content without CRCs) does not apply."""
+    try:
+        if inner == "safetensors":
+            check_safetensors(src, True, on_disk=False)
+            return Verdict(WHOLE, depth=CONTENT, st=st)
+        result, _ = check_torch_zip(src, True, on_disk=False)
+        return Verdict(WHOLE, depth=CONTENT, st=st, trailing=result.trailing)
+    except _DAMAGE as exc:
+        return Verdict(DAMAGED, f"gzip content: {exc}", CONTENT, st)

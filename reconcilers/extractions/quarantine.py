@@ -10,7 +10,7 @@ from typing import Any
 
 from ...pipeline.atomic import write_json
 from ...pipeline.contract import ApplyError, Resource, utc_iso
-from .integrity import check
+from .integrity import CONTENT, DAMAGED, check_path
 from .listing import QUARANTINE, compile_pattern
 
 
@@ -24,7 +24,8 @@ def inside(root: str, rel: str) -> str:
 def quarantine(resource: Resource, files: Iterable[dict[str, Any]]) -> str:
     """Move damaged files into <dir>/.reconcile-quarantine/<UTC time>/ (same file system, so a
     rename: nothing is copied or deleted) and write a manifest of what was moved and why.
-    Each file is checked again first: one found whole now is left where it is."""
+    Each file is checked again first, reading all of it (the depth that can have found it
+    damaged): one found whole now, gone, or unreadable is left where it is."""
     root = resource.spec["dir"]
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     qdir = os.path.join(root, QUARANTINE, stamp)
@@ -42,10 +43,11 @@ def quarantine(resource: Resource, files: Iterable[dict[str, Any]]) -> str:
             if len(parts) != len(rx) or not all(r.fullmatch(p) for r, p in zip(rx, parts, strict=True)):
                 raise ApplyError(f"refusing to move {rel!r}: it does not match the pattern")
             src = os.path.join(root, rel)
-            reason, st = check(src, "all" if resource.spec["verify"] == "all" else "recent")
-            if st is None or reason is None:
+            v = check_path(src, CONTENT)
+            if v.state != DAMAGED or v.st is None:
                 skipped.append(rel)
                 continue
+            reason, st = v.reason, v.st
             dst = os.path.join(qdir, rel)
             os.makedirs(os.path.dirname(dst), exist_ok=True)
             if os.path.lexists(dst):

@@ -8,13 +8,17 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .ranges import subtract, to_ranges, valid_ranges
+from .ranges import valid_ranges
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 
-STATE_FORMAT = 2  # format 1 (no `format` key): verified/seen ranges, recent {index: mtime}
+# Format 3 adds `gz_shallow` and `no_crc`. Format 2 (the same without them) and format 1 (no
+# `format` key; recent files as {index: mtime}) were written by the checks before torch.save
+# archives were read as torch.load reads them: their `verified` is dropped, so every file is
+# checked once more by the current rules (the listing cache and the recent files are kept).
+STATE_FORMAT = 3
 
 
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
@@ -74,6 +78,8 @@ class CheckRecord:
     newest: float | None
     boot_id: str | None
     dirs: dict[str, Any]
+    gz_shallow: list[tuple[int, int]]  # indices whose .gz was never decompressed
+    no_crc: list[tuple[int, int]]  # indices whose archive has no CRCs
 
     @classmethod
     def parse(cls, data: dict[str, Any] | None, key: dict[str, Any]) -> CheckRecord | None:
@@ -85,16 +91,17 @@ class CheckRecord:
             seen = valid_ranges(data.get("seen", []))
             newest = data.get("newest")
             newest = float(newest) if newest is not None else None
-            if data.get("format") == STATE_FORMAT:
+            if data.get("format") in (2, STATE_FORMAT):
                 recent = [RecentFile(str(r), int(i), int(s), int(m), int(c), int(n), bool(w))
                           for r, i, s, m, c, n, w in data.get("recent", [])]
                 boot = data.get("boot_id")
                 dirs = data.get("dirs")
-                return cls(verified, seen, recent, newest, boot if isinstance(boot, str) else None,
-                           dirs if isinstance(dirs, dict) else {})
-            # Format 1 kept recent files as {index: mtime}, without a stat to compare: those
-            # indices count as not verified, so they are read once more and recorded anew.
-            old_recent = to_ranges(int(i) for i in data.get("recent", {}))
-            return cls(subtract(verified, old_recent), seen, [], newest, None, {})
+                current = data.get("format") == STATE_FORMAT
+                return cls(verified if current else [], seen, recent, newest,
+                           boot if isinstance(boot, str) else None, dirs if isinstance(dirs, dict) else {},
+                           valid_ranges(data.get("gz_shallow", [])) if current else [],
+                           valid_ranges(data.get("no_crc", [])) if current else [])
+            # Format 1 kept recent files as {index: mtime}, without a stat to compare: not kept.
+            return cls([], seen, [], newest, None, {}, [], [])
         except (TypeError, ValueError, AttributeError):
             return None
