@@ -39,7 +39,7 @@ REFUSED = [
     ("nested-1000", "version: 1\nunits: " + "[" * 1000 + "]" * 1000 + "\n", "2:", "nested too deep"),
     ("multi-document", UNIT + "---\nversion: 1\n", "5:1", "a second YAML document"),
     ("yaml-1.1", "%YAML 1.1\n---\n" + UNIT, "", "read as YAML 1.2"),
-    ("colliding-keys", "version: 1\nunits:\n  1: {}\n  '1': {}\n", "3:3", "key 1 is not a string"),
+    ("colliding-keys", "version: 1\nunits:\n  1: {}\n  '1': {}\n", "4:3", "duplicate key '1'"),
     ("key-true", "version: 1\ntrue: 1\n", "2:1", "key true is not a string"),
     ("key-list", "version: 1\n? [a, b]\n: 1\n", "2:3", "a mapping key must be a string"),
     ("merge-not-mapping", "version: 1\nunits:\n  a.service:\n    <<: [1]\n", "4:10", "a merge key '<<' takes"),

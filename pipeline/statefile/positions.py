@@ -6,7 +6,8 @@ and this module builds the plain JSON data and a table of positions from them it
 lets it refuse, with the position of the offending node, what a state file has no use for
 before any of it is built: more than LIMITS allow (bytes, nesting depth, nodes counted after
 alias expansion, aliases to collections — the rule of SnakeYAML's maxAliasesForCollections),
-tags, several documents, keys that are not strings, duplicate keys. What it accepts is
+tags, several documents, keys that are neither strings nor integers, duplicate keys (an integer key
+is its decimal text, so `1:` beside `'1':` is a duplicate). What it accepts is
 documented in docs/state-file.md ("What YAML a state file may use").
 
 Plain scalars are resolved by the YAML 1.2 core schema as ruamel.yaml's own resolver has it
@@ -313,14 +314,19 @@ class _Builder:
             self.problem(_Mark(key), "a mapping key must be a string, not a "
                                      f"{'mapping' if key[0] == _M else 'list'}")
             return
-        if not isinstance(key[1], str):
-            shown = "null" if key[1] is None else str(key[1]).lower() if isinstance(key[1], bool) else key[1]
+        name = key[1]
+        if isinstance(name, int) and not isinstance(name, bool):
+            # An integer key is a name written without quotes: `per_gpu: {3: ...}` names GPU 3. It
+            # becomes its decimal text, so `3:` and `'3':` side by side are a duplicate key.
+            name = str(name)
+        if not isinstance(name, str):
+            shown = "null" if name is None else str(name).lower() if isinstance(name, bool) else name
             self.problem(_Mark(key), f"key {shown} is not a string: quote it ('{shown}') to use it as a name")
             return
-        if len(key[1]) > self.limits.max_key_chars:
-            self.problem(_Mark(key), f"key of {len(key[1])} characters: more than {self.limits.max_key_chars}")
+        if len(name) > self.limits.max_key_chars:
+            self.problem(_Mark(key), f"key of {len(name)} characters: more than {self.limits.max_key_chars}")
             return
-        parent[1].append((key[1], (key[2], key[3]), node))
+        parent[1].append((name, (key[2], key[3]), node))
 
     def _merge(self, parent: list, key: tuple, node: tuple) -> None:
         sources = [node] if node[0] != _Q else list(node[1])

@@ -178,7 +178,11 @@ def _central_entries(cd: bytes, count: int, this_disk: int, size: int) -> list[E
         if header + LOCAL.size + csize > size:
             raise ZipDamage(f"entry {label} ends beyond the file's {size} bytes (bytes missing in the middle?)")
         if method != 0:
-            raise ZipDamage(f"entry {label} is compressed (method {method}); torch.save stores entries")
+            # torch.save stores every entry: another method is a damaged directory. Whether torch
+            # still loads the original tensors then depends on the record and the load mode (an mmap
+            # load of a storage ignores the method), so the file is judged by what was written.
+            raise ZipDamage(f"entry {label} is compressed (method {method}); torch.save stores entries "
+                            "(the directory's bytes are not what was written)")
         out.append(Entry(name, flags, method, crc, csize, usize, header, ext_attr))
         pos = end
     return out
@@ -249,9 +253,13 @@ def check_torch_zip(src: Source, content: bool, on_disk: bool = True) -> tuple[Z
         if not e.name.startswith(prefix):
             raise ZipDamage(f"entry {label} is not in the archive's folder {prefix.decode('utf-8', 'replace')}")
         if e.flags & REFUSED_FLAGS:
-            raise ZipDamage(f"entry {label} is marked encrypted or patched (flags {e.flags:#06x})")
+            raise ZipDamage(f"entry {label} is marked encrypted or patched (flags {e.flags:#06x}; "
+                            "the directory's bytes are not what was written)")
         if e.name.endswith(b"/") or e.ext_attr & 0x10:  # mz_zip_reader_is_file_a_directory
-            raise ZipDamage(f"entry {label} is marked as a directory: torch would read nothing from it")
+            # torch.save writes neither; torch 2.x still loads a storage so marked at its offset, so
+            # this too is judged by what was written.
+            raise ZipDamage(f"entry {label} is marked as a directory: torch would read nothing from it "
+                            "(the directory's bytes are not what was written)")
         # miniz looks names up without regard to ASCII case
         if by_name.setdefault(e.name.lower(), e) is not e:
             raise ZipDamage(f"entry {label} is in the archive twice")
