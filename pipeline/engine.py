@@ -362,7 +362,9 @@ class Engine:
                     pass_results.append(ActionResult(action, Result.DONE, msg or "", t0, self.clock()))
                 except (ApplyError, PermissionError, OSError) as exc:
                     pass_results.append(ActionResult(action, Result.FAILED, str(exc), t0, self.clock()))
-                    failure = f"{action.action} {action.target} failed: {exc}"
+                    failure = "; ".join(m for m in (failure, f"{action.action} {action.target} failed: {exc}") if m)
+                    if getattr(exc, "independent", False):
+                        continue  # one GPU's setting failed: the others' actions still run
                     break
             obs = self._verify(r)
             after = None if isinstance(obs, ObserveError) else to_plain(obs)
