@@ -47,8 +47,8 @@ from .procfs import (
     DEFAULT_PROC_GPUS,
     DEV_GLOB_ENV,
     DEV_GPU_RE,
-    EXCLUDED_NAMES,
     PROC_GPUS_ENV,
+    excluded,
     gpu_minors,
     proc_info,
     scan_device_holders,
@@ -235,7 +235,7 @@ class GpusReconciler(Reconciler):
             if pid == me:
                 continue
             info = proc_info(pid)
-            if info is not None and info["name"] in EXCLUDED_NAMES:
+            if info is not None and excluded(info):
                 continue
             if info is None and pid not in uses:
                 continue  # gone since the scan
