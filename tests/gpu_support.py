@@ -281,6 +281,7 @@ def cli(tmp: Path, lib: Path | None, config: Path | None, *args: str, **env: str
         klog = tmp / "empty-kern.log"
         klog.touch()
         env["RECONCILE_KERNEL_LOG"] = str(klog)
+    env.setdefault("RECONCILE_STATE_DIR", str(tmp / "state"))  # the locked-clock record, never /var/lib
     return run_cli(tmp, *args, **extra, **env)
 
 
@@ -329,7 +330,12 @@ SETTINGS_PROBE = textwrap.dedent("""
             return "error: " + str(exc)
     out = []
     for i in range(n.nvmlDeviceGetCount()):
-        h = n.nvmlDeviceGetHandleByIndex(i)
+        try:
+            h = n.nvmlDeviceGetHandleByIndex(i)
+        except n.NVMLError as exc:  # a lost GPU: every reading is what pynvml says instead
+            out.append(dict.fromkeys(("persistence_mode", "power_limit_mw", "compute_mode", "application_clocks",
+                                      "graphics_clock", "mig", "ecc"), "error: " + str(exc)))
+            continue
         out.append({
             "persistence_mode": get(n.nvmlDeviceGetPersistenceMode, h),
             "power_limit_mw": get(n.nvmlDeviceGetPowerManagementLimit, h),
