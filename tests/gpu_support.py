@@ -372,3 +372,13 @@ def nvml_do(lib: Path, config: Path, code: str) -> None:
         "\nn.nvmlShutdown()\n"
     subprocess.run([sys.executable, "-c", prog], env={**os.environ, **nvml_env(lib, config)}, check=True,
                    capture_output=True, text=True, timeout=60)
+
+
+def persistenced_unit(lib: Path, config: Path, pidfile: str = "/run/nvidia-persistenced.pid") -> str:
+    """nvidia-persistenced.service as NVIDIA's sample unit has it (Type=forking with a PID file,
+    WantedBy=multi-user.target), running the stand-in daemon tests/fakenvml/persistenced.py on the
+    fake driver."""
+    return (f"[Unit]\nDescription=NVIDIA Persistence Daemon (stand-in)\n[Service]\nType=forking\n"
+            f"PIDFile={pidfile}\nEnvironment=LD_LIBRARY_PATH={lib} FAKE_NVML_CONFIG={config}\n"
+            f"ExecStart={sys.executable} {HERE / 'fakenvml' / 'persistenced.py'} {pidfile}\n"
+            "[Install]\nWantedBy=multi-user.target\n")

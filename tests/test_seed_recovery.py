@@ -45,15 +45,6 @@ def fake_lib(tmp_path_factory) -> Path:
     return gs.build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
 
 
-def persistenced_unit(lib: Path, config: Path) -> str:
-    """nvidia-persistenced.service as NVIDIA's sample unit has it (Type=forking, a PID file), running the
-    stand-in daemon on the fake driver."""
-    return (f"[Unit]\nDescription=NVIDIA Persistence Daemon (stand-in)\n[Service]\nType=forking\n"
-            f"PIDFile=/run/nvidia-persistenced.pid\nEnvironment=LD_LIBRARY_PATH={lib} FAKE_NVML_CONFIG={config}\n"
-            f"ExecStart={sys.executable} {gs.HERE / 'fakenvml' / 'persistenced.py'} /run/nvidia-persistenced.pid\n"
-            "[Install]\nWantedBy=multi-user.target\n")
-
-
 def recovery_state(tmp: Path, data: Path, edit=None) -> Path:
     """states/kpro6-recovery.yaml with the test's paths and totals (and EDIT(doc) applied)."""
     from ruamel.yaml import YAML
@@ -120,7 +111,7 @@ def scenario(nsystemd, tmp_path, fake_lib):
     gs.FakeConfig(gpus=gpus, holders=[gs.FakeHolder(mib=HOLD_MIB, gpus=range(8), cmdline=tag)]).write(s.config)
     s.tag = tag
     # nvidia-persistenced installed but neither enabled nor running.
-    nsystemd.write_unit(PERSISTENCED, persistenced_unit(fake_lib, s.config))
+    nsystemd.write_unit(PERSISTENCED, gs.persistenced_unit(fake_lib, s.config))
     # /data: a tmpfs inside the namespace only (private propagation: the host never sees it).
     s.data.mkdir()
     nsystemd.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(s.data)], check=True)
