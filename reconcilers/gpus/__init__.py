@@ -12,6 +12,10 @@ that is neither is reported and left alone. A unit killed from outside with Rest
 comes back; a stop through systemd does not, which is why units are stopped rather than their
 processes killed. A GPU that must not run jobs is `blocked` with the step a person must take:
 reconcile never resets a GPU or reboots a node itself.
+
+The declared settings (`gpus.settings`: persistence, power limit, compute mode, clocks, MIG, ECC)
+are read with the GPUs, planned per GPU per setting (settings.py) and set through NVML's setters
+in a forked child with a deadline, read back (setters.py, nvml_settings.py).
 """
 
 from __future__ import annotations
@@ -89,7 +93,9 @@ class GpusReconciler(Reconciler):
     kind = "gpus"
     rank = 20
     # Values that move by themselves: a saved plan keeps these fields' want, not their have.
-    volatile_drift = ("gpu*.memory_used", "gpu*.temperature", "gpu*.slowdown", "gpu*.pcie_gen", "gpu*.ecc_corrected")
+    # (A lock that is not in force shows the graphics clock it runs at.)
+    volatile_drift = ("gpu*.memory_used", "gpu*.temperature", "gpu*.slowdown", "gpu*.pcie_gen", "gpu*.ecc_corrected",
+                      "gpu*.locked_clocks")
 
     def resources(self, section: Mapping[str, Any]) -> list[Resource]:
         free = section.get("free_with") or {}

@@ -45,7 +45,7 @@ class GpuSettings:
     supported_clocks: tuple[tuple[int, tuple[int, ...]], ...] | None = None
     graphics_clock: int | None = None  # the graphics clock now, MHz (nvmlDeviceGetClockInfo)
     # NVML has no getter for locked clocks: what reconcile set since the driver last loaded,
-    # (min, max) MHz or "none"; None: no such record (settings.md#locked-clocks).
+    # (min, max) MHz or "none"; None: no such record (docs/gpus.md#locked-clocks).
     locked_clocks: tuple[int, int] | str | None = None
     locked_at: str = ""  # when reconcile set them
     mig_pending: bool | None = None  # nvmlDeviceGetMigMode's pending mode (current: Gpu.mig)

@@ -315,6 +315,9 @@ def settings_plan(resource: Resource, observed: GpusObserved, fields: set[str], 
                                   "value": _value(name, want, s)}
         if name == "locked_clocks" and host is not None:
             params.update(boot_id=host.boot_id, driver_load=host.driver_load)
+            if s.locked_clocks is None and not any(n.startswith("locked clocks") for n in out.notes):
+                out.notes.append("locked clocks: NVML cannot read them back, and reconcile has no record of setting "
+                                 "them since the driver loaded: they are set (docs/gpus.md#locked-clocks)")
         out.actions.append(Action("set", f"gpu{g.index}.{name}", _describe(name, want, g, s), params))
     return out
 
