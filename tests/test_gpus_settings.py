@@ -140,6 +140,33 @@ def test_per_gpu_failures_are_one_line_each_and_the_other_gpus_go_on(tmp_path, f
     assert {d["field"] for d in report["drift"]} >= {"gpu0.power_limit", "gpu1.power_limit", "gpu2.healthy"}
 
 
+def test_constraints_are_each_gpus_own_and_a_value_outside_them_is_never_tried(tmp_path, fake_lib):
+    gpus = gs.seed_gpus(3, settings={"power_limit_mw": 450000})
+    gpus[1].settings = {"power_limit_mw": 450000, "power_min_mw": 100000, "power_max_mw": 500000}
+    host = Host(tmp_path, fake_lib, gpus)
+    code, report = host.run("apply", "gpus:\n  settings:\n    power_limit: 600W\n")
+    assert code == 2 and report["status"] == "blocked"
+    assert "GPU 1: power_limit 600 W is outside what it supports: 100 W to 500 W " \
+           "(nvmlDeviceGetPowerManagementLimitConstraints)" in report["message"]
+    assert [a["target"] for a in report["actions"]] == ["gpu0.power_limit", "gpu2.power_limit"]
+    assert [c[1] for c in host.calls()] == [0, 2]  # GPU 1's setter never called
+    assert [g["power_limit_mw"] for g in host.nvml()] == [600000, 450000, 600000]
+
+
+def test_a_saved_plan_sets_what_it_lists(tmp_path, fake_lib):
+    host = Host(tmp_path, fake_lib, gs.seed_gpus(2, settings={"power_limit_mw": 450000}))
+    state = gs.write_state(tmp_path, "gpus:\n  settings:\n    power_limit: 600W\n")
+    plan = tmp_path / "plan.json"
+    env = {"RECONCILE_KERNEL_LOG": str(host.klog)}
+    proc = gs.cli(tmp_path, fake_lib, host.config, "diff", str(state), "--out", str(plan), **env)
+    assert proc.returncode == 2, proc.stderr
+    assert host.calls() == []
+    proc = gs.cli(tmp_path, fake_lib, host.config, "apply", str(plan), "--journal", str(tmp_path / "j.jsonl"), **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [(c[0], c[1]) for c in host.calls()] == [("nvmlDeviceSetPowerManagementLimit", 0),
+                                                    ("nvmlDeviceSetPowerManagementLimit", 1)]
+
+
 def test_a_setter_that_never_returns_is_abandoned_at_its_deadline(tmp_path, fake_lib):
     gpus = gs.seed_gpus(2, settings={"power_limit_mw": 450000})
     gpus[0].hang_on = "set_power"
@@ -190,6 +217,27 @@ def test_mig_and_ecc_changes_stay_pending_until_the_gpu_is_reset_or_the_host_reb
     assert gs.reboot(fake_lib, host.config) == 0
     code, report = host.run("diff", state)
     assert code == 0 and report["status"] == "ok" and host.nvml()[0]["ecc"] == [0, 0]
+
+
+def test_mig_waits_for_a_holder_the_same_apply_terminates_then_is_set(tmp_path, fake_lib):
+    tag = gs.new_tag()
+    host = Host(tmp_path, fake_lib, gs.seed_gpus(2))
+    gs.FakeConfig(gpus=gs.seed_gpus(2), holders=[gs.FakeHolder(mib=2048, gpus=[0], cmdline=tag)]).write(host.config)
+    holders = gs.Holders()
+    try:
+        proc = holders.start("python-job", tag)
+        state = ("gpus:\n  max_memory_used: 0MiB\n  free_with: {kill: [\"python*\"], grace: 5s}\n"
+                 "  settings:\n    per_gpu:\n      0: {mig: enabled}\n")
+        code, report = host.run("diff", state)
+        assert f"GPU 0: MIG mode is set once {proc.pid} (python-job) has let go of it (freed first)" \
+            in report["message"]
+        code, report = host.run("apply", state)
+        assert [(a["action"], a["target"], a["result"]) for a in report["actions"]] == [
+            ("terminate", f"pid {proc.pid}", "done"), ("set", "gpu0.mig", "done")]
+        assert report["status"] == "converging" and "pending: reset GPU 0" in report["message"]
+        assert not gs.proc_alive(proc.pid) and host.nvml()[0]["mig"] == [0, 1]
+    finally:
+        holders.cleanup()
 
 
 def test_after_a_reboot_apply_sets_again_exactly_what_the_reboot_lost(tmp_path, fake_lib):

@@ -97,6 +97,9 @@ class GpusReconciler(Reconciler):
     volatile_drift = ("gpu*.memory_used", "gpu*.temperature", "gpu*.slowdown", "gpu*.pcie_gen", "gpu*.ecc_corrected",
                       "gpu*.locked_clocks")
 
+    def __init__(self) -> None:
+        self._setters = Setters()  # one per run: a GPU lost during this apply is not tried again
+
     def resources(self, section: Mapping[str, Any]) -> list[Resource]:
         free = section.get("free_with") or {}
         spec = {
@@ -342,8 +345,6 @@ class GpusReconciler(Reconciler):
 
     def apply(self, host: Host, resource: Resource, action: Action) -> str:
         if action.action == "set":
-            if not hasattr(self, "_setters"):
-                self._setters = Setters()  # one per apply: a GPU lost meanwhile is not tried again
             return self._setters.set(host, action)
         if action.action in ("start", "enable", "disable", "unmask") or (
                 action.action == "stop" and action.target == PERSISTENCED):

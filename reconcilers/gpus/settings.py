@@ -27,8 +27,8 @@ from typing import Any
 from ...pipeline.contract import Action, Context, Drift, Resource
 from .observed import Gpu, GpuSettings, GpusObserved, Holder
 
-# The order actions are taken in on each GPU: persistence first (it keeps the others while no
-# client holds the GPU), MIG and ECC last (they take effect only later).
+# The order actions are taken in on each GPU: persistence first (without it the driver unloads a
+# GPU's state when no client holds it), MIG and ECC last (they take effect only later).
 SETTINGS = ("persistence_mode", "compute_mode", "power_limit", "application_clocks", "locked_clocks", "ecc", "mig")
 PERSISTENCED = "nvidia-persistenced.service"
 UNKNOWN = "unknown"
