@@ -8,11 +8,15 @@ other GPUs go on; MIG/ECC changes stay pending until the test resets the GPU or 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import gpu_support as gs
 import pytest
+from cli_support import cli_env, reconcile_argv
 
 BOOT = ("[    0.000000] Linux version 6.1.0-18-amd64 (debian-kernel@lists.debian.org)\n"
         "[    4.212001] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  590.48.01  Thu Nov 20 2025\n")
@@ -165,6 +169,41 @@ def test_a_saved_plan_sets_what_it_lists(tmp_path, fake_lib):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [(c[0], c[1]) for c in host.calls()] == [("nvmlDeviceSetPowerManagementLimit", 0),
                                                     ("nvmlDeviceSetPowerManagementLimit", 1)]
+
+
+def test_not_root_every_setter_is_refused_one_line_per_gpu(fake_lib):
+    """reconcile run as nobody: the driver refuses setters to anyone but root (NO_PERMISSION), and
+    each GPU's action says so in one line; reading works."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run reconcile as another user")
+    tmp = Path(tempfile.mkdtemp(prefix="reconcile-nobody-"))
+    try:
+        tmp.chmod(0o777)  # the other user's files: its cache, state directory and journal
+        lib = tmp / "lib"
+        lib.mkdir()
+        shutil.copy(fake_lib / "libnvidia-ml.so.1", lib)
+        config = gs.FakeConfig(gpus=gs.seed_gpus(2, settings={"power_limit_mw": 450000})).write(tmp / "nvml.conf")
+        state = gs.write_state(tmp, "gpus:\n  settings:\n    power_limit: 600W\n")
+        klog = tmp / "kern.log"
+        klog.write_text(BOOT)
+        for path in (lib, *lib.iterdir(), config, state, klog):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        env = cli_env(tmp, LD_LIBRARY_PATH=str(lib), FAKE_NVML_CONFIG=str(config), RECONCILE_KERNEL_LOG=str(klog),
+                      RECONCILE_STATE_DIR=str(tmp / "state"), HOME=str(tmp))
+        argv = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                *reconcile_argv("apply", str(state), "--format", "json", "--journal", str(tmp / "journal.jsonl"))]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        report = next(r for r in json.loads(proc.stdout)["resources"] if r["id"] == "gpus")
+        assert proc.returncode == 2 and report["drift"] == [
+            {"field": f"gpu{i}.power_limit", "want": "600 W", "have": "450 W"} for i in range(2)]
+        assert results(report) == {f"gpu{i}.power_limit": (
+            "failed", f"GPU {i}: nvmlDeviceSetPowerManagementLimit: Insufficient Permissions (setting GPU settings "
+                      "needs root)") for i in range(2)}
+        assert gs.setter_calls(config) == [("nvmlDeviceSetPowerManagementLimit", i, "600000", "no_permission")
+                                           for i in range(2)]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_a_setter_that_never_returns_is_abandoned_at_its_deadline(tmp_path, fake_lib):
