@@ -272,7 +272,7 @@ def settings_plan(resource: Resource, observed: GpusObserved, fields: set[str], 
         return out
     timeout = float(resource.spec.get("observe_timeout") or 60)
     host = observed.settings_host
-    for f in fields:
+    for f in sorted(fields):
         if f.endswith(".settings") and f.startswith("gpu"):
             out.blocked.append(f"settings.per_gpu names GPU {f[3:-9]}, which this host does not have "
                                f"({len(observed.gpus)} GPUs)")
