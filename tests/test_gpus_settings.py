@@ -279,6 +279,29 @@ def test_mig_waits_for_a_holder_the_same_apply_terminates_then_is_set(tmp_path, 
         holders.cleanup()
 
 
+def test_nvidia_persistenced_holding_every_device_file_does_not_block_mig(tmp_path, fake_lib):
+    """The daemon keeps /dev/nvidia* open on every GPU; its comm is cut to 15 characters
+    (`nvidia-persiste`), and it is still not a holder; a process of another name is."""
+    host = Host(tmp_path, fake_lib, gs.seed_gpus(2))
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for n in range(2):
+        (dev / f"nvidia{n}").write_bytes(b"")
+    holders = gs.Holders()
+    state = "gpus:\n  settings:\n    mig: enabled\n"
+    try:
+        holders.start("nvidia-persistenced", gs.new_tag(), hold=dev / "nvidia0")
+        other = holders.start("python-tool", gs.new_tag(), hold=dev / "nvidia1")
+        proc = gs.cli(tmp_path, fake_lib, host.config, "diff", str(gs.write_state(tmp_path, state)), "--format",
+                      "json", RECONCILE_KERNEL_LOG=str(host.klog), RECONCILE_NVIDIA_DEV_GLOB=str(dev / "nvidia*"))
+        report = gs.gpus_report(proc)
+        assert [a["target"] for a in report["actions"]] == ["gpu0.mig"]
+        assert f"GPU 1: MIG mode cannot be changed while a process holds the GPU: {other.pid} (python-tool)" \
+            in report["message"]
+    finally:
+        holders.cleanup()
+
+
 def test_after_a_reboot_apply_sets_again_exactly_what_the_reboot_lost(tmp_path, fake_lib):
     host = Host(tmp_path, fake_lib, gs.seed_gpus(2, settings={"power_limit_mw": 450000}))
     state = ("gpus:\n  settings:\n    persistence_mode: true\n    power_limit: 500W\n    compute_mode: prohibited\n"
