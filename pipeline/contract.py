@@ -126,7 +126,15 @@ class ObserveError(Exception):
 
 
 class ApplyError(Exception):
-    """An action could not be carried out."""
+    """An action could not be carried out.
+
+    `independent=True`: the failure concerns this action's own target only (one GPU's setting
+    among several GPUs'), so the engine goes on with the resource's other actions of this pass
+    instead of skipping them; it still stops after the pass."""
+
+    def __init__(self, message: str = "", independent: bool = False):
+        super().__init__(message)
+        self.independent = independent
 
 
 def run_action(host: Host, argv: Sequence[str], timeout: float) -> str:
@@ -227,6 +235,11 @@ class Reconciler:
     def summary(self, resource: Resource, observed: Any) -> str:
         """One line for the report describing the observed state (optional)."""
         return ""
+
+    def problems(self, section: Any) -> list[tuple[tuple, str]]:
+        """What the schema cannot check in this kind's section (a minimum above a maximum): (the path
+        inside the section, message) each, reported as `FILE:LINE:COL: message` (optional)."""
+        return []
 
     def settles(self, drift: Sequence[Drift]) -> bool:
         """Whether waiting may still clear this drift, so verification keeps polling up to the

@@ -368,20 +368,24 @@ class Engine:
                                                      t0, self.clock()))
                     failure = f"{action.action} {action.target} not carried out: {refused_by}"
                     break
+                stop = False
                 try:
                     msg = rec.apply(self.host, r, action)
                     done = ActionResult(action, Result.DONE, msg or "", t0, self.clock())
                 except (ApplyError, PermissionError, OSError) as exc:
                     done = ActionResult(action, Result.FAILED, str(exc), t0, self.clock())
-                    failure = f"{action.action} {action.target} failed: {exc}"
+                    failure = "; ".join(m for m in (failure, f"{action.action} {action.target} failed: {exc}") if m)
+                    # One GPU's setting failed: the other GPUs' actions still run.
+                    stop = not getattr(exc, "independent", False)
                 lost = self._write(self._line("result", r, action, done.finished, started=t0,
                                               result=done.result.value, message=done.message))
                 if lost:  # carried out, but not recorded: said loudly, and nothing more is done
                     done = replace(done, message="; ".join(m for m in (done.message, f"result not journaled: {lost}")
                                                            if m))
                     failure = failure or f"{action.action} {action.target} was carried out but {lost}"
+                    stop = True
                 pass_results.append(done)
-                if failure:
+                if stop:
                     break
             obs = self._verify(r)
             after = None if isinstance(obs, ObserveError) else to_plain(obs)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FAKE_SRC = (HERE / "fakenvml" / "fakenvml.c", HERE / "fakenvml" / "fakenvml_more.c")
+FAKE_SRC = tuple(HERE / "fakenvml" / f for f in ("fakenvml.c", "fakenvml_more.c", "fakenvml_errors.c",
+                                                 "fakenvml_settings.c"))
 HOLDER = HERE / "fakenvml" / "holder.py"
 DATA = HERE / "data" / "gpus"
 SEED_TOTAL_MIB = 97887  # RTX PRO 6000 Blackwell, as nvidia-smi showed it on the seed host
@@ -68,6 +69,12 @@ class FakeGpu:
     error: str = ""  # lost, reset_required, unknown, no_permission
     error_on: tuple[str, ...] = ()  # call names, "all" (the default with an error) or "handle"
     bus: str | None = None  # default 00000000:<11 + 16 i>:00.0
+    # Settings keys of tests/fakenvml/fakenvml_settings.c, verbatim: power_limit_mw, compute_mode,
+    # mem_clocks, gr_clocks, clock_gr, ecc, ecc_pending, mig_pending, ... (milliwatts, MHz).
+    settings: dict[str, object] = field(default_factory=dict)
+    fail: dict[str, str] = field(default_factory=dict)  # call -> error: that call alone fails so
+    lose_on: str = ""  # the GPU falls off the bus at this call
+    hang_on: str = ""  # this call blocks for an hour (a wedged driver)
 
 
 @dataclass
@@ -120,6 +127,13 @@ class FakeConfig:
                 parts.append("error_on=" + ",".join(g.error_on))
             if g.unsupported:
                 parts.append("unsupported=" + ",".join(g.unsupported))
+            parts.extend(f"{k}={v}" for k, v in g.settings.items())
+            if g.fail:
+                parts.append("fail=" + ",".join(f"{k}:{v}" for k, v in g.fail.items()))
+            if g.lose_on:
+                parts.append(f"lose_on={g.lose_on}")
+            if g.hang_on:
+                parts.append(f"hang_on={g.hang_on}")
             lines.append("gpu " + " ".join(parts))
         for h in self.holders:
             parts = [f"mib={h.mib}", "gpus=" + ",".join(str(g) for g in h.gpus),
@@ -267,4 +281,104 @@ def cli(tmp: Path, lib: Path | None, config: Path | None, *args: str, **env: str
         klog = tmp / "empty-kern.log"
         klog.touch()
         env["RECONCILE_KERNEL_LOG"] = str(klog)
+    env.setdefault("RECONCILE_STATE_DIR", str(tmp / "state"))  # the locked-clock record, never /var/lib
     return run_cli(tmp, *args, **extra, **env)
+
+
+# --- settings: what the fake driver holds, what was called, resets and reboots ----------------------
+
+def setter_calls(config: Path) -> list[tuple[str, int, str, str]]:
+    """The fake's call log ($FAKE_NVML_CONFIG.calls): (NVML function, GPU index, arguments, result)
+    for every setter called (and every test-made reset or reboot), in order."""
+    path = Path(f"{config}.calls")
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        head, _, result = line.rpartition(" -> ")
+        call, gpu, *args = head.split(" ")
+        out.append((call, int(gpu.split("=", 1)[1]), " ".join(args), result))
+    return out
+
+
+def _ctypes_call(lib: Path, config: Path, expr: str) -> int:
+    code = f"import ctypes, sys\nlib = ctypes.CDLL('libnvidia-ml.so.1')\nsys.exit({expr})\n"
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **nvml_env(lib, config)},
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode
+
+
+def reset_gpu(lib: Path, config: Path, index: int) -> int:
+    """What `nvidia-smi -r -i INDEX` does to the fake: a pending MIG mode becomes current, clocks set on
+    it are lost; refused (19, NVML_ERROR_IN_USE) while a process holds it. Returns NVML's code."""
+    return _ctypes_call(lib, config, f"lib.fake_nvml_reset_gpu({int(index)})")
+
+
+def reboot(lib: Path, config: Path) -> int:
+    """What a reboot does to the fake: pending MIG/ECC modes become current; power limits, compute
+    modes, clocks and persistence mode are lost."""
+    return _ctypes_call(lib, config, "lib.fake_nvml_reboot()")
+
+
+SETTINGS_PROBE = textwrap.dedent("""
+    import json, sys, pynvml as n
+    n.nvmlInit()
+    def get(fn, *a):
+        try:
+            return fn(*a)
+        except n.NVMLError as exc:
+            return "error: " + str(exc)
+    out = []
+    for i in range(n.nvmlDeviceGetCount()):
+        try:
+            h = n.nvmlDeviceGetHandleByIndex(i)
+        except n.NVMLError as exc:  # a lost GPU: every reading is what pynvml says instead
+            out.append(dict.fromkeys(("persistence_mode", "power_limit_mw", "compute_mode", "application_clocks",
+                                      "graphics_clock", "mig", "ecc"), "error: " + str(exc)))
+            continue
+        out.append({
+            "persistence_mode": get(n.nvmlDeviceGetPersistenceMode, h),
+            "power_limit_mw": get(n.nvmlDeviceGetPowerManagementLimit, h),
+            "compute_mode": get(n.nvmlDeviceGetComputeMode, h),
+            "application_clocks": [get(n.nvmlDeviceGetApplicationsClock, h, n.NVML_CLOCK_MEM),
+                                   get(n.nvmlDeviceGetApplicationsClock, h, n.NVML_CLOCK_GRAPHICS)],
+            "graphics_clock": get(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_GRAPHICS),
+            "mig": get(n.nvmlDeviceGetMigMode, h),
+            "ecc": get(n.nvmlDeviceGetEccMode, h),
+        })
+    n.nvmlShutdown()
+    print(json.dumps(out))
+""")
+
+
+def nvml_settings(lib: Path, config: Path, runner=None) -> list[dict]:
+    """Each GPU's settings as pynvml reads them from the fake (the driver's own answer, in a process
+    of the test's): persistence, power limit (mW), compute mode, application clocks [memory,
+    graphics], the current graphics clock, MIG and ECC [current, pending]; "error: ..." where NVML
+    refuses. RUNNER(argv, env) runs it elsewhere (inside a namespace); default: here."""
+    argv = [sys.executable, "-c", SETTINGS_PROBE]
+    env = {**os.environ, **nvml_env(lib, config)}
+    if runner is None:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=True)
+    else:
+        proc = runner(argv, env)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def nvml_do(lib: Path, config: Path, code: str) -> None:
+    """Run pynvml CODE against the fake as an operator would with nvidia-smi (`h(i)` is GPU i's
+    handle; root is needed for setters, as on a real driver)."""
+    prog = "import pynvml as n\nn.nvmlInit()\nh = n.nvmlDeviceGetHandleByIndex\n" + textwrap.dedent(code) + \
+        "\nn.nvmlShutdown()\n"
+    subprocess.run([sys.executable, "-c", prog], env={**os.environ, **nvml_env(lib, config)}, check=True,
+                   capture_output=True, text=True, timeout=60)
+
+
+def persistenced_unit(lib: Path, config: Path, pidfile: str = "/run/nvidia-persistenced.pid") -> str:
+    """nvidia-persistenced.service as NVIDIA's sample unit has it (Type=forking with a PID file,
+    WantedBy=multi-user.target), running the stand-in daemon tests/fakenvml/persistenced.py on the
+    fake driver."""
+    return (f"[Unit]\nDescription=NVIDIA Persistence Daemon (stand-in)\n[Service]\nType=forking\n"
+            f"PIDFile={pidfile}\nEnvironment=LD_LIBRARY_PATH={lib} FAKE_NVML_CONFIG={config}\n"
+            f"ExecStart={sys.executable} {HERE / 'fakenvml' / 'persistenced.py'} {pidfile}\n"
+            "[Install]\nWantedBy=multi-user.target\n")

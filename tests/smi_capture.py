@@ -163,6 +163,7 @@ def load_xml(path: Path) -> Capture:
             "pcie.link.width.max": _csv_value(_x(g, "pci/pci_gpu_link_info/link_widths/max_link_width"), "x"),
             "clocks_event_reasons.active": _clock_mask(reasons),
         }
+        row.update(_xml_settings(g))
         # Fields an older nvidia-smi does not have: only where the capture has the element.
         if g.find("pci/pci_gpu_link_info/pcie_gen/max_device_link_gen") is not None:
             row["pcie.link.gen.gpumax"] = _csv_value(_x(g, "pci/pci_gpu_link_info/pcie_gen/max_device_link_gen"))
@@ -180,6 +181,29 @@ def load_xml(path: Path) -> Capture:
                                  "used_gpu_memory": _csv_value(_x(p, "used_memory"))})
     cap.units = dict(UNITS)
     return cap
+
+
+def _xml_settings(g: ET.Element) -> dict[str, str]:
+    """The settings' --query-gpu fields from a `-q -x` GPU element (power limits under
+    gpu_power_readings from driver 535 on, power_readings before)."""
+    power = "gpu_power_readings/" if g.find("gpu_power_readings") is not None else "power_readings/"
+    row = {
+        "power.limit": _csv_value(_x(g, power + "requested_power_limit", power + "power_limit")),
+        "power.default_limit": _csv_value(_x(g, power + "default_power_limit")),
+        "power.min_limit": _csv_value(_x(g, power + "min_power_limit")),
+        "power.max_limit": _csv_value(_x(g, power + "max_power_limit")),
+        "compute_mode": _csv_value(_x(g, "compute_mode")),
+        "clocks.applications.memory": _csv_value(_x(g, "applications_clocks/mem_clock")),
+        "clocks.applications.graphics": _csv_value(_x(g, "applications_clocks/graphics_clock")),
+        "clocks.default_applications.memory": _csv_value(_x(g, "default_applications_clocks/mem_clock")),
+        "clocks.default_applications.graphics": _csv_value(_x(g, "default_applications_clocks/graphics_clock")),
+        "clocks.current.graphics": _csv_value(_x(g, "clocks/graphics_clock")),
+        "ecc.mode.current": _csv_value(_x(g, "ecc_mode/current_ecc")),
+        "ecc.mode.pending": _csv_value(_x(g, "ecc_mode/pending_ecc")),
+    }
+    if g.find("mig_mode") is not None:
+        row["mig.mode.pending"] = _csv_value(_x(g, "mig_mode/pending_mig"))
+    return row
 
 
 # --- `nvidia-smi -q` text captures -----------------------------------------------------------------
@@ -245,6 +269,21 @@ def load_q(path: Path) -> Capture:
         }
         if "GPU Recovery Action" in t:
             row["gpu_recovery_action"] = v("GPU Recovery Action")
+        power = "GPU Power Readings/" if any(k.startswith("GPU Power Readings/") for k in t) else "Power Readings/"
+        row.update({
+            "power.limit": v(power + "Requested Power Limit", power + "Power Limit"),
+            "power.default_limit": v(power + "Default Power Limit"),
+            "power.min_limit": v(power + "Min Power Limit"), "power.max_limit": v(power + "Max Power Limit"),
+            "compute_mode": v("Compute Mode"),
+            "clocks.applications.memory": v("Applications Clocks/Memory"),
+            "clocks.applications.graphics": v("Applications Clocks/Graphics"),
+            "clocks.default_applications.memory": v("Default Applications Clocks/Memory"),
+            "clocks.default_applications.graphics": v("Default Applications Clocks/Graphics"),
+            "clocks.current.graphics": v("Clocks/Graphics"),
+            "mig.mode.pending": v("MIG Mode/Pending"),
+            "ecc.mode.current": v("ECC Mode/Current", "Ecc Mode/Current"),
+            "ecc.mode.pending": v("ECC Mode/Pending", "Ecc Mode/Pending"),
+        })
         cap.gpus.append(row)
         cap.minors[bus] = t.get("Minor Number", "N/A")
         procs = body.split("\n    Processes", 1)[1] if "\n    Processes" in body else ""
@@ -373,5 +412,60 @@ def expected(cap: Capture) -> list[dict]:
             "pcie_width": _num(f("pcie.link.width.current")), "pcie_width_max": _num(f("pcie.link.width.max")),
             "health": "unhealthy" if problems else "healthy",
             "step": "reset the GPU" if problems else "",
+        })
+    return out
+
+
+# --- the settings, as the capture says -------------------------------------------------------------
+
+SETTING_COLUMNS = {
+    "power_limit": ("power.limit", "power.default_limit", "power.min_limit", "power.max_limit"),
+    "compute_mode": ("compute_mode",),
+    "application_clocks": ("clocks.applications.memory", "clocks.applications.graphics",
+                           "clocks.default_applications.memory", "clocks.default_applications.graphics"),
+    "locked_clocks": ("clocks.current.graphics",),
+    "mig": ("mig.mode.pending",),
+    "ecc": ("ecc.mode.current", "ecc.mode.pending"),
+}
+
+
+def _mw(text: str) -> int | None:
+    m = re.match(r"^(\d+(?:\.\d+)?) W$", text.strip())
+    return round(float(m.group(1)) * 1000) if m else None
+
+
+def expected_settings(cap: Capture) -> list[dict]:
+    """Per GPU, the settings as reconcile must read them from the capture's values, by this file's own
+    rules: watts to milliwatts, `N MHz` to N, Enabled/Disabled; [N/A] and deprecated: not supported."""
+    out = []
+    for row in cap.gpus:
+        def f(name: str, row: dict[str, str] = row) -> str | None:
+            if cap.valid is not None and name not in cap.valid:
+                return None  # this nvidia-smi refuses the field
+            return row.get(name)
+
+        def pair(mem: str, gr: str) -> list[int] | None:
+            m, g = _num(f(mem) or ""), _num(f(gr) or "")
+            return None if m is None or g is None else [m, g]
+
+        unsupported, unreadable = [], []
+        for setting, cols in SETTING_COLUMNS.items():
+            values = [f(c) for c in cols]
+            if any(v is None for v in values):
+                unreadable.append(setting)
+            elif any(v == NA or "deprecated" in v for v in values):
+                unsupported.append(setting)
+        mode = f("compute_mode")
+        out.append({
+            "power_limit_mw": _mw(f("power.limit") or ""), "power_default_mw": _mw(f("power.default_limit") or ""),
+            "power_min_mw": _mw(f("power.min_limit") or ""), "power_max_mw": _mw(f("power.max_limit") or ""),
+            "compute_mode": mode.lower() if mode and mode != NA else None,
+            "application_clocks": pair("clocks.applications.memory", "clocks.applications.graphics"),
+            "default_application_clocks": pair("clocks.default_applications.memory",
+                                               "clocks.default_applications.graphics"),
+            "graphics_clock": _num(f("clocks.current.graphics") or ""),
+            "mig_pending": _yes(f("mig.mode.pending") or ""), "ecc": _yes(f("ecc.mode.current") or ""),
+            "ecc_pending": _yes(f("ecc.mode.pending") or ""),
+            "unsupported": sorted(unsupported), "unreadable": sorted(unreadable),
         })
     return out

@@ -180,3 +180,69 @@ def test_nvlink_status_capture():
     assert sorted(status) == list(range(8)) and all(v == (12, ()) for v in status.values())
     down = parse_nvlink_status("GPU 0: A100 (UUID: GPU-x)\n\t Link 0: 25 GB/s\n\t Link 1: <inactive>\n")
     assert down == {0: (2, (1,))}
+
+
+SETTINGS_STATE = """gpus:
+  healthy: false
+  settings:
+    persistence_mode: true
+    power_limit: default
+    compute_mode: default
+    application_clocks: default
+    locked_clocks: none
+    mig: disabled
+    ecc: enabled
+"""
+
+
+@pytest.mark.parametrize("name", REPLAYED)
+def test_every_gpus_settings_read_as_its_capture_says(tmp_path, no_nvml, name):
+    """Power limits, compute mode, application clocks (deprecated on 590+), the graphics clock, MIG and
+    ECC modes current and pending, through the nvidia-smi fallback's --query-gpu fields."""
+    cap = sc.load(sc.REAL / name)
+    _, gpus = replay(tmp_path, no_nvml, cap, SETTINGS_STATE)
+    assert gpus["observed"]["source"] == "nvidia-smi", gpus["message"]
+    for want, have in zip(sc.expected_settings(cap), gpus["observed"]["gpus"], strict=True):
+        got = have["settings"]
+        for key, value in want.items():
+            if key in ("unsupported", "unreadable"):
+                assert sorted(name for name, _ in got[key]) == value, (name, have["index"], key, got[key])
+            else:
+                assert got[key] == value, (name, have["index"], key)
+    # Read, never set: without NVML the plan is blocked and names how to set them by hand.
+    assert not [a for a in gpus["actions"] if a["action"] == "set"]
+    if any(d["field"].startswith("gpu") for d in gpus["drift"]):
+        assert "GPU settings are set through NVML, which is unavailable here" in gpus["message"]
+
+
+@pytest.mark.parametrize("name", REPLAYED)
+def test_settings_translation_agrees_with_the_research_summary(name):
+    """The stand-in's settings values against features.json (power limits, application clocks,
+    compute mode, ECC and MIG modes), written from the raw files by other code."""
+    cap = sc.load(sc.REAL / name)
+    for row, feat in zip(cap.gpus, FEATURES[name], strict=True):
+        limit, default, low, high = feat["power"]
+        for col, value in (("power.limit", limit), ("power.default_limit", default), ("power.min_limit", low),
+                           ("power.max_limit", high)):
+            if value and value != "N/A":
+                assert row[col] == value, (col, row[col], value)
+        graphics, memory = feat["app_clocks"]
+        if graphics and graphics.endswith("MHz"):
+            assert (row["clocks.applications.graphics"], row["clocks.applications.memory"]) == (graphics, memory)
+        elif graphics and "deprecated" in graphics:
+            assert "deprecated" in row["clocks.applications.graphics"]
+        if feat["compute_mode"]:
+            assert row["compute_mode"] == feat["compute_mode"]
+        for col, value in (("ecc.mode.current", feat["ecc"][0]), ("ecc.mode.pending", feat["ecc"][1]),
+                           ("mig.mode.pending", feat["mig"][1])):
+            if value in ("Enabled", "Disabled"):
+                assert row[col] == value, (col, row[col], value)
+
+
+def test_a_stray_power_limit_in_a_real_capture_is_drift_with_its_range(tmp_path, no_nvml):
+    """telegraf's RTX 3090 capture: a 200 W limit on a GPU whose default is 350 W (100-375 W)."""
+    cap = sc.load(sc.REAL / "telegraf__rtx-3090-v12.xml")
+    _, gpus = replay(tmp_path, no_nvml, cap, "gpus:\n  settings:\n    power_limit: default\n    ecc: enabled\n")
+    assert gpus["drift"] == [{"field": "gpu0.power_limit", "want": "default (350 W)", "have": "200 W"},
+                             {"field": "gpu0.ecc", "want": "enabled", "have": "not supported"}]
+    assert gpus["status"] == "blocked"

@@ -2,8 +2,10 @@
 
 One namespace holds the story: a real systemd (PID 1) running `vllm-kimi-k25-int4.service`
 (Restart=always, enabled) that holds 8 fake GPUs at ~75.8 GB each through the real pynvml
-bindings; `/data` a tmpfs mounted in that namespace; a SpecForge-layout extraction stopped
-half way with one file cut off by the "crash", and `eagle3-extract.service` to resume it.
+bindings; the GPUs as the reboot left them (persistence mode off, nvidia-persistenced installed
+but not enabled, and a stray 450 W power limit on GPU 5 of the 600 W RTX PRO 6000s); `/data` a
+tmpfs mounted in that namespace; a SpecForge-layout extraction stopped half way with one file
+cut off by the "crash", and `eagle3-extract.service` to resume it.
 The samples are SpecForge's, written by the real torch.save (tests/torch_support.py); one,
 written just before the crash, has a page that reads back as zeros with its size kept (what
 delayed allocation leaves after a VM crash): only its CRC-32 shows it. The state is
@@ -30,6 +32,7 @@ from extraction_support import FAKE_EXTRACT
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM = "vllm-kimi-k25-int4.service"
+PERSISTENCED = "nvidia-persistenced.service"
 EXTRACT = "eagle3-extract.service"
 HOLD_MIB = 72289  # ~75.8 GB per GPU, as in the seed
 TOTAL, DONE, GROUP = 120, 60, 20  # "18,400 of 37,312" scaled down: half done
@@ -39,7 +42,7 @@ BOOT_LOG = ("[    0.000000] Linux version 6.1.0-18-amd64 (debian-kernel@lists.de
             "[    4.212001] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  590.48.01  Thu Nov 20 2025\n")
 # Every query on a GPU that fell off the bus answers GPU_IS_LOST (its handle and PCI identity are still known).
 LOST_CALLS = ("memory", "processes", "temp", "power", "ecc", "retired", "remap", "fields", "clocks", "pcie",
-              "nvlink", "vbios", "persistence", "mig", "minor")
+              "nvlink", "vbios", "persistence", "mig", "minor", "power_limit", "compute", "ecc_mode")
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +50,8 @@ def fake_lib(tmp_path_factory) -> Path:
     return gs.build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
 
 
-def recovery_state(tmp: Path, data: Path) -> Path:
-    """states/kpro6-recovery.yaml with the test's paths and totals."""
+def recovery_state(tmp: Path, data: Path, edit=None) -> Path:
+    """states/kpro6-recovery.yaml with the test's paths and totals (and EDIT(doc) applied)."""
     from ruamel.yaml import YAML
 
     yaml = YAML()
@@ -61,6 +64,8 @@ def recovery_state(tmp: Path, data: Path) -> Path:
     ex["dir"] = str(data / "hidden_states")
     ex["total"] = ex["min_done"] = TOTAL
     ex["needs"] = ["gpus", f"mount:{data}"]
+    if edit is not None:
+        edit(doc)
     out = tmp / "kpro6-recovery.yaml"
     buf = io.StringIO()
     yaml.dump(doc, buf)
@@ -112,8 +117,13 @@ def scenario(nsystemd, tmp_path, fake_lib):
     s.python = python
     nsystemd.set_hostname("kpro6-ct129")
     tag = gs.new_tag()
-    gs.FakeConfig(gpus=gs.seed_gpus(8), holders=[gs.FakeHolder(mib=HOLD_MIB, gpus=range(8), cmdline=tag)]
-                  ).write(s.config)
+    # As the reboot left the GPUs: persistence mode off, and GPU 5 with a stray 450 W power limit.
+    gpus = gs.seed_gpus(8, persistence=0)
+    gpus[5].settings = {"power_limit_mw": 450000}
+    gs.FakeConfig(gpus=gpus, holders=[gs.FakeHolder(mib=HOLD_MIB, gpus=range(8), cmdline=tag)]).write(s.config)
+    s.tag = tag
+    # nvidia-persistenced installed but neither enabled nor running.
+    nsystemd.write_unit(PERSISTENCED, gs.persistenced_unit(fake_lib, s.config))
     # /data: a tmpfs inside the namespace only (private propagation: the host never sees it).
     s.data.mkdir()
     nsystemd.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(s.data)], check=True)
@@ -151,7 +161,7 @@ def scenario(nsystemd, tmp_path, fake_lib):
         f"ExecStart={python} {FAKE_EXTRACT} --torch --out {out} --total {TOTAL} --rate 15 --group-size {GROUP}\n"))
     s.state = recovery_state(tmp_path, s.data)
     yield s
-    nsystemd.systemctl("stop", EXTRACT, VLLM)
+    nsystemd.systemctl("stop", EXTRACT, VLLM, PERSISTENCED)
     nsystemd.run(["umount", "-l", str(s.data)])
 
 
@@ -166,8 +176,14 @@ def test_seed_recovery_end_to_end(scenario):
     assert res[f"unit:{VLLM}"]["drift"] == [{"field": "active", "want": False, "have": True},
                                            {"field": "enabled", "want": False, "have": True}]
     assert res["gpus"]["status"] == "drift"
-    assert {d["field"] for d in res["gpus"]["drift"]} == {f"gpu{i}.memory_used" for i in range(8)}
+    # Exactly the fields that are wrong: memory, persistence on every GPU, GPU 5's power limit.
+    assert {d["field"] for d in res["gpus"]["drift"]} == {
+        *(f"gpu{i}.memory_used" for i in range(8)), *(f"gpu{i}.persistence_mode" for i in range(8)),
+        "gpu5.power_limit"}
+    assert {"field": "gpu5.power_limit", "want": "600 W", "have": "450 W"} in res["gpus"]["drift"]
     assert f"freed by unit:{VLLM}" in res["gpus"]["message"]
+    assert [(a["action"], a["target"]) for a in res["gpus"]["actions"]] == [
+        ("enable", PERSISTENCED), ("start", PERSISTENCED), ("set", "gpu5.power_limit")]
     assert res[f"mount:{s.data}"]["status"] == "ok"
     ext = res["extraction:eagle3-hidden-states"]
     assert {d["field"] for d in ext["drift"]} == {"damaged", "done"}
@@ -187,6 +203,14 @@ def test_seed_recovery_end_to_end(scenario):
     assert s.nsd.systemctl("is-enabled", VLLM).stdout.strip() == "disabled"
     # the GPUs are free, as pynvml itself reads them
     assert s.gpu_memory() == [0] * 8
+    # and set: nvidia-persistenced enabled and running (systemd's word) turned persistence on, GPU 5 is
+    # back at 600 W (pynvml's word); the only setter called is GPU 5's power limit.
+    assert s.nsd.systemctl("is-enabled", PERSISTENCED).stdout.strip() == "enabled"
+    assert s.nsd.systemctl("is-active", PERSISTENCED).stdout.strip() == "active"
+    nvml = gs.nvml_settings(s.lib, s.config)
+    assert [g["persistence_mode"] for g in nvml] == [1] * 8 and [g["power_limit_mw"] for g in nvml] == [600000] * 8
+    assert gs.setter_calls(s.config) == [("persistenced", -1, "1", "ok"),
+                                         ("nvmlDeviceSetPowerManagementLimit", 5, "600000", "ok")]
     assert res["gpus"]["summary"].count("0MiB / 97887MiB") == 8
     # the cut-off and the zero-paged samples are in quarantine, not deleted
     for p in (s.cut, s.zeroed):
@@ -199,6 +223,9 @@ def test_seed_recovery_end_to_end(scenario):
     assert [(e["resource"], e["action"], e["result"]) for e in journal] == [
         (f"unit:{VLLM}", "disable", "done"),
         (f"unit:{VLLM}", "stop", "done"),
+        ("gpus", "enable", "done"),
+        ("gpus", "start", "done"),
+        ("gpus", "set", "done"),
         ("extraction:eagle3-hidden-states", "quarantine", "done"),
         ("extraction:eagle3-hidden-states", "start", "done"),
     ]
@@ -207,7 +234,9 @@ def test_seed_recovery_end_to_end(scenario):
     # 3. A second apply right after does nothing.
     code, report, _ = s.cli("apply", str(s.state))
     assert code == 0 and report["summary"]["actions_done"] == 0
-    assert len([e for e in map(json.loads, s.journal.read_text().splitlines()) if e["event"] == "result"]) == 4
+    results = [e for e in map(json.loads, s.journal.read_text().splitlines()) if e["event"] == "result"]
+    assert len(results) == 7  # no action taken again
+    assert len(gs.setter_calls(s.config)) == 2  # no setter called again
 
     # 4. Later diffs show progress, then exit 0 once the job is done.
     seen = []
@@ -238,8 +267,7 @@ def test_seed_recovery_with_gpu_3_fallen_off_the_bus_after_boot(scenario):
     s = scenario
     gpus = gs.seed_gpus(8)
     gpus[3].error, gpus[3].error_on = "lost", LOST_CALLS
-    tag = s.config.read_text().split("cmdline=")[1].split()[0]
-    gs.FakeConfig(gpus=gpus, holders=[gs.FakeHolder(mib=HOLD_MIB, gpus=range(8), cmdline=tag)]).write(s.config)
+    gs.FakeConfig(gpus=gpus, holders=[gs.FakeHolder(mib=HOLD_MIB, gpus=range(8), cmdline=s.tag)]).write(s.config)
     pci = gs.pci_of(3)
     s.kernel_log.write_text(BOOT_LOG + (
         f"[ 8321.004512] NVRM: Xid (PCI:{pci}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
@@ -280,3 +308,54 @@ def test_seed_recovery_with_gpu_3_fallen_off_the_bus_after_boot(scenario):
     proc = s.nsd.run(reconcile_argv("diff", str(s.state)), env=s.env(), timeout=180)
     assert proc.returncode == 2
     assert f"GPU 3 ({bus}) must not run jobs: reboot the node" in proc.stdout
+
+
+def test_mig_on_a_gpu_vllm_holds_is_blocked_until_the_unit_is_stopped(scenario):
+    """MIG mode wanted on GPU 3 while the vLLM unit holds it: refused, naming the holder, when nothing
+    is to stop the unit; in the full recovery state (units: vLLM active: false) the same apply stops
+    the unit first and then sets MIG, which stays pending until the test resets GPU 3."""
+    s = scenario
+    # The GPUs otherwise as declared, so MIG is what this test is about.
+    gs.FakeConfig(gpus=gs.seed_gpus(8), holders=[gs.FakeHolder(mib=HOLD_MIB, gpus=range(8), cmdline=s.tag)]
+                  ).write(s.config)
+
+    def mig_on_3(doc):
+        doc["gpus"]["settings"]["per_gpu"] = {3: {"mig": "enabled"}}
+
+    def only_gpus(doc):
+        mig_on_3(doc)
+        for key in ("units", "mounts", "extractions"):
+            doc.pop(key)
+        doc["gpus"].pop("free_with")
+        doc["gpus"]["allow"].append(f"unit:{VLLM}")  # vLLM may hold memory; it still holds the GPU
+
+    state = recovery_state(s.tmp, s.data, only_gpus)
+    code, report, _ = s.cli("apply", str(state))
+    gpus = by_id(report)["gpus"]
+    assert code == 2 and gpus["status"] == "blocked"
+    assert [d["field"] for d in gpus["drift"]] == ["gpu3.mig"]
+    pid = s.nsd.main_pid(VLLM)  # reconcile runs in the namespace: its PIDs
+    assert f"GPU 3: MIG mode cannot be changed while a process holds the GPU: {pid} (vllm) in {VLLM}" \
+        in gpus["message"]
+    assert not [c for c in gs.setter_calls(s.config) if c[0] == "nvmlDeviceSetMigMode"]
+    assert s.nsd.show(VLLM, "ActiveState") == "active"
+
+    # The recovery's state declares the unit stopped: one apply stops it, then sets MIG on the freed GPU.
+    state = recovery_state(s.tmp, s.data, mig_on_3)
+    code, report, _ = s.cli("apply", str(state))
+    res = by_id(report)
+    assert res[f"unit:{VLLM}"]["status"] == "ok" and s.nsd.show(VLLM, "ActiveState") == "inactive"
+    gpus = res["gpus"]
+    assert gpus["status"] == "converging", gpus
+    assert "GPU 3: MIG mode enabled is pending: reset GPU 3" in gpus["message"]
+    assert [(a["target"], a["result"]) for a in gpus["actions"]] == [("gpu3.mig", "done")]
+    assert gs.nvml_settings(s.lib, s.config)[3]["mig"] == [0, 1]  # pending, as pynvml reads it
+    # The extraction waits for ready GPUs: pending is not ready.
+    ext = res["extraction:eagle3-hidden-states"]
+    assert ext["status"] == "blocked" and "needs not ok (gpus is converging)" in ext["message"]
+
+    # A person resets GPU 3 (nothing holds it now): MIG is current, the GPUs are ready.
+    assert gs.reset_gpu(s.lib, s.config, 3) == 0
+    code, report, _ = s.cli("diff", str(state))
+    gpus = by_id(report)["gpus"]
+    assert gpus["status"] == "ok" and gs.nvml_settings(s.lib, s.config)[3]["mig"] == [1, 1]

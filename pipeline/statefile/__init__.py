@@ -177,6 +177,12 @@ def validate_text(text: str, label: str) -> dict[str, Any]:
                 if key_of(r.kind) == key:
                     paths[r.id] = (key,) if r.id == key else (key, r.name)
     problems = _check_needs(resources, label, pos, paths)
+    found_by_code = []
+    for key in KINDS:  # what only a kind's code can check (a minimum above a maximum)
+        if isinstance(data.get(key), dict):
+            for where, msg in reconciler_for(key).problems(data[key]):
+                found_by_code.append((pos.of_value((key, *where)), f"{key}.{msg}"))
+    problems.extend(f"{label}:{line}:{col}: {msg}" for (line, col), msg in sorted(found_by_code))
     if problems:
         raise StateFileError(problems)
     return data

@@ -12,6 +12,10 @@ that is neither is reported and left alone. A unit killed from outside with Rest
 comes back; a stop through systemd does not, which is why units are stopped rather than their
 processes killed. A GPU that must not run jobs is `blocked` with the step a person must take:
 reconcile never resets a GPU or reboots a node itself.
+
+The declared settings (`gpus.settings`: persistence, power limit, compute mode, clocks, MIG, ECC)
+are read with the GPUs, planned per GPU per setting (settings.py) and set through NVML's setters
+in a forked child with a deadline, read back (setters.py, nvml_settings.py).
 """
 
 from __future__ import annotations
@@ -37,22 +41,25 @@ from ...pipeline.contract import (
 )
 from ...pipeline.values import parse_duration, parse_size
 from . import health
-from .checks import CHECK_FIELDS, check_blocked, check_drift, parse_checks
+from .checks import check_blocked, check_drift, parse_checks
 from .kernel_log import read_kernel_log
 from .memory import UNKNOWN, counted_used, memory_lines, memory_plan, mib
 from .nvml import INIT_HINTS, NvmlUnavailable, nvml_observe
-from .observed import Gpu, GpusObserved, GpuUse, Holder
+from .observed import Gpu, GpusObserved, GpuUse, Holder, SettingsHost
 from .procfs import (
     DEFAULT_DEV_GLOB,
     DEFAULT_PROC_GPUS,
     DEV_GLOB_ENV,
     DEV_GPU_RE,
-    EXCLUDED_NAMES,
     PROC_GPUS_ENV,
+    excluded,
     gpu_minors,
     proc_info,
     scan_device_holders,
 )
+from .setters import Setters, boot_id, locked_of, read_locked, unit_action
+from .settings import PERSISTENCED, declared, freed_pids, parse_settings, settings_drift, settings_plan
+from .settings import settings_problems as _settings_problems
 from .smi import (
     SMI_APP_FIELDS,
     SMI_REQUIRED,
@@ -86,7 +93,12 @@ class GpusReconciler(Reconciler):
     kind = "gpus"
     rank = 20
     # Values that move by themselves: a saved plan keeps these fields' want, not their have.
-    volatile_drift = ("gpu*.memory_used", "gpu*.temperature", "gpu*.slowdown", "gpu*.pcie_gen", "gpu*.ecc_corrected")
+    # (A lock that is not in force shows the graphics clock it runs at.)
+    volatile_drift = ("gpu*.memory_used", "gpu*.temperature", "gpu*.slowdown", "gpu*.pcie_gen", "gpu*.ecc_corrected",
+                      "gpu*.locked_clocks")
+
+    def __init__(self) -> None:
+        self._setters = Setters()  # one per run: a GPU lost during this apply is not tried again
 
     def resources(self, section: Mapping[str, Any]) -> list[Resource]:
         free = section.get("free_with") or {}
@@ -102,10 +114,14 @@ class GpusReconciler(Reconciler):
             },
             "observe_timeout": parse_duration(section.get("observe_timeout", DEFAULT_OBSERVE_TIMEOUT)),
             "checks": parse_checks(section.get("checks")),
+            "settings": parse_settings(section.get("settings")),
         }
         settle = parse_duration(section.get("settle", DEFAULT_SETTLE))
         return [Resource(id="gpus", kind=self.kind, name="gpus", spec=spec,
                          needs=tuple(section.get("needs", ())), settle=settle)]
+
+    def problems(self, section: Mapping[str, Any]) -> list[tuple[tuple, str]]:
+        return _settings_problems(section)
 
     # --- observe ---
 
@@ -116,18 +132,18 @@ class GpusReconciler(Reconciler):
         if not resources:
             return {}
         checks = resources[0].spec.get("checks") or {}
-        obs = self._observe(host, checks)
+        obs = self._observe(host, checks, declared(resources[0].spec.get("settings")))
         return {r.id: obs for r in resources}
 
-    def _observe(self, host: Host, checks: Mapping[str, Any]) -> GpusObserved:
+    def _observe(self, host: Host, checks: Mapping[str, Any], settings: frozenset[str] = frozenset()) -> GpusObserved:
         notes: list[str] = []
         try:
-            reading = nvml_observe()
+            reading = nvml_observe(settings)
             source, driver, cuda, gpus, uses = "nvml", reading.driver, reading.cuda, reading.gpus, reading.uses
             notes.extend(reading.notes)
         except NvmlUnavailable as nvml_error:
             source = "nvidia-smi"
-            driver, cuda, gpus, uses = self._smi_observe(host, nvml_error, checks)
+            driver, cuda, gpus, uses = self._smi_observe(host, nvml_error, checks, settings)
             notes.append(f"NVML unavailable ({nvml_error}): read through nvidia-smi")
         holders = self._holders(uses, gpus)
         events, log = (), None
@@ -138,9 +154,34 @@ class GpusReconciler(Reconciler):
         gpus = [health.judge(g, events, log) for g in gpus]
         for g in gpus:
             notes.extend(f"GPU {g.index}: could not read {e}" for e in g.read_errors)
-        return GpusObserved(source, driver, tuple(gpus), tuple(holders), tuple(events), tuple(notes), cuda, log)
+        setting = None
+        if settings:
+            setting, gpus = self._settings_host(host, settings, gpus, log.last_init if log else "")
+        return GpusObserved(source, driver, tuple(gpus), tuple(holders), tuple(events), tuple(notes), cuda, log,
+                            setting)
 
-    def _smi_observe(self, host: Host, nvml_error: NvmlUnavailable, checks: Mapping[str, Any]
+    @staticmethod
+    def _settings_host(host: Host, settings: frozenset[str], gpus: list[Gpu], driver_load: str
+                       ) -> tuple[SettingsHost, list[Gpu]]:
+        """nvidia-persistenced.service (when persistence is declared), this boot, and the locked clocks
+        reconcile recorded setting since the driver loaded (NVML cannot read them back)."""
+        unit, note = None, ""
+        if "persistence_mode" in settings:
+            unit, note = _persistenced(host)
+        boot = boot_id()
+        if "locked_clocks" in settings:
+            record = read_locked(boot, driver_load)
+            out = []
+            for g in gpus:
+                value, at = locked_of(record.get(g.uuid))
+                if g.settings is not None and value is not None:
+                    g = replace(g, settings=replace(g.settings, locked_clocks=value, locked_at=at))
+                out.append(g)
+            gpus = out
+        return SettingsHost(unit, note, boot, driver_load), gpus
+
+    def _smi_observe(self, host: Host, nvml_error: NvmlUnavailable, checks: Mapping[str, Any],
+                     settings: frozenset[str] = frozenset()
                      ) -> tuple[str, str | None, list[Gpu], dict[int, list[GpuUse]]]:
         def smi(*args: str):
             try:
@@ -157,7 +198,7 @@ class GpusReconciler(Reconciler):
 
         refused: list[str] = []
         while True:
-            res = smi(f"--query-gpu={query_fields(refused)}", "--format=csv")
+            res = smi(f"--query-gpu={query_fields(refused, sorted(settings))}", "--format=csv")
             if res.returncode == 127:
                 raise ObserveError(f"cannot read GPUs: NVML is unavailable ({nvml_error}) and nvidia-smi is not "
                                    "installed: " + (nvml_error.hint or "no NVIDIA driver on this host?"))
@@ -173,7 +214,7 @@ class GpusReconciler(Reconciler):
         if not res.ok and "device handle" not in said:
             raise failed(res)
         minors = gpu_minors(os.environ.get(PROC_GPUS_ENV) or DEFAULT_PROC_GPUS)
-        gpus, driver = parse_smi_gpus(said, minors)
+        gpus, driver = parse_smi_gpus(said, minors, sorted(settings))
         apps = smi(f"--query-compute-apps={','.join(SMI_APP_FIELDS)}", "--format=csv")
         if not apps.ok and "device handle" not in apps.stdout + apps.stderr:  # a lost GPU fails the exit code only
             raise ObserveError(f"cannot list GPU processes: {apps.brief()}")
@@ -203,7 +244,7 @@ class GpusReconciler(Reconciler):
             if pid == me:
                 continue
             info = proc_info(pid)
-            if info is not None and info["name"] in EXCLUDED_NAMES:
+            if info is not None and excluded(info):
                 continue
             if info is None and pid not in uses:
                 continue  # gone since the scan
@@ -243,7 +284,11 @@ class GpusReconciler(Reconciler):
                 if used is None or used > limit:
                     drift.append(Drift(f"gpu{g.index}.memory_used", f"<= {mib(limit)}",
                                        UNKNOWN if used is None else mib(used)))
-        drift.extend(check_drift(spec, observed))
+        wanted = settings_drift(spec.get("settings"), observed, bool(spec.get("healthy")))
+        # A setting the state declares is set, not only checked: its drift stands for the check's.
+        own = {d.field for d in wanted}
+        drift.extend(d for d in check_drift(spec, observed) if d.field not in own)
+        drift.extend(wanted)
         return drift
 
     def settles(self, drift: Sequence[Drift]) -> bool:
@@ -271,11 +316,22 @@ class GpusReconciler(Reconciler):
                                f"{ev.step}. Why: {ev.describe()} [NVIDIA Xid catalogue: {ev.why}]")
         actions, notes, mem_blocked = memory_plan(spec, observed, fields, ctx)
         blocked.extend(mem_blocked)
-        blocked.extend(check_blocked([d for d in drift if any(_match(d.field, p) for p in CHECK_FIELDS)]))
+        own = {d.field for d in settings_drift(spec.get("settings"), observed, bool(spec.get("healthy")))}
+        checked = {d.field for d in check_drift(spec, observed)} - own
+        blocked.extend(check_blocked([d for d in drift if d.field in checked]))
+        settings = settings_plan(resource, observed, fields, ctx, freed_pids(observed.holders, actions, ctx))
+        actions.extend(settings.actions)
+        blocked.extend(settings.blocked)
+        notes.extend(settings.notes)
+        # A pending MIG/ECC change is converging only when nothing else is to be done or blocked.
+        converging = "; ".join(settings.pending) if settings.pending and not actions and not blocked else None
+        if settings.pending and not converging:
+            notes.extend(settings.pending)
         message = "\n".join([*notes, *memory_lines(observed, spec), *self._xid_lines(observed)]) if drift else ""
-        if blocked and message:
+        if (blocked or converging) and message:
             message = "\n" + message  # the report joins blocked and message on one line otherwise
-        return Plan(actions=tuple(actions), blocked="\n".join(blocked) or None, message=message)
+        return Plan(actions=tuple(actions), blocked="\n".join(blocked) or None, converging=converging,
+                    message=message)
 
     @staticmethod
     def _xid_lines(observed: GpusObserved) -> list[str]:
@@ -288,6 +344,11 @@ class GpusReconciler(Reconciler):
     # --- apply ---
 
     def apply(self, host: Host, resource: Resource, action: Action) -> str:
+        if action.action == "set":
+            return self._setters.set(host, action)
+        if action.action in ("start", "enable", "disable", "unmask") or (
+                action.action == "stop" and action.target == PERSISTENCED):
+            return unit_action(host, action)
         if action.action == "stop":
             unit = action.params.get("unit") or action.target
             run_action(host, ["systemctl", "stop", "--", unit], STOP_TIMEOUT)
@@ -353,7 +414,20 @@ class GpusReconciler(Reconciler):
         return f"{len(observed.gpus)} GPUs via {via} (driver {observed.driver_version}), {word}: {per}{log}"
 
 
-def _match(field: str, pattern: str) -> bool:
-    import fnmatch
+def _persistenced(host: Host) -> tuple[Any, str]:
+    """nvidia-persistenced.service as `systemctl show` reports it, or (None, why systemd cannot say)."""
+    from ..units.systemctl import PROPERTIES, parse_show
 
-    return fnmatch.fnmatchcase(field, pattern)
+    try:
+        res = host.run(["systemctl", "show", "--no-pager", "-p", ",".join(PROPERTIES), "--", PERSISTENCED],
+                       timeout=SMI_TIMEOUT)
+    except CommandTimeout as exc:
+        return None, f"systemd did not answer ({exc})"
+    if res.returncode == 127:
+        return None, "systemctl is not installed"
+    if not res.ok:
+        return None, f"systemd cannot be asked about {PERSISTENCED} ({res.brief()})"
+    try:
+        return parse_show(res.stdout, [PERSISTENCED])[PERSISTENCED], ""
+    except ObserveError as exc:
+        return None, str(exc)

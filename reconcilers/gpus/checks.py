@@ -4,7 +4,7 @@ What they are taken from: Meta's gcm (`gcm/health_checks/checks/check_nvidia_smi
 temperature, ECC corrected/uncorrected volatile totals, retired pages, row remap, VBIOS
 mismatch), NVIDIA's own tools (nvidia-smi's clock-event reasons, PCIe link, NVLink status,
 persistence mode) and gpud. Each is read-only: reconcile reports drift as `blocked` with the
-step a person takes; it changes no GPU setting (issue 18 adds `gpus.settings`, which would).
+step a person takes; what reconcile sets is declared separately (`gpus.settings`, settings.py).
 
 A check on a value the GPU or driver does not report is drift with `have: unknown` (blocked:
 it cannot be checked), never a pass.

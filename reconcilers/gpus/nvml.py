@@ -15,11 +15,12 @@ NVML's own semantics, as real drivers show them (each modelled by tests/fakenvml
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...pipeline.contract import ObserveError
+from .nvml_settings import read_settings
 from .observed import Gpu, GpuUse, MigInstance
 
 FIELD_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
@@ -59,7 +60,8 @@ class NvmlReading:
     notes: list[str] = field(default_factory=list)
 
 
-def nvml_observe() -> NvmlReading:
+def nvml_observe(settings: Collection[str] = ()) -> NvmlReading:
+    """Every GPU, and the SETTINGS (names of gpus.settings) the state declares."""
     try:
         import pynvml
     except ImportError as exc:
@@ -69,7 +71,7 @@ def nvml_observe() -> NvmlReading:
     except pynvml.NVMLError as exc:
         raise NvmlUnavailable(str(exc), getattr(exc, "value", None)) from None
     try:
-        return nvml_read(pynvml)
+        return nvml_read(pynvml, settings)
     finally:
         try:
             pynvml.nvmlShutdown()
@@ -87,7 +89,7 @@ def _cuda(nv: Any) -> str | None:
     return None
 
 
-def nvml_read(nv: Any) -> NvmlReading:
+def nvml_read(nv: Any, settings: Collection[str] = ()) -> NvmlReading:
     try:
         driver = nv.nvmlSystemGetDriverVersion()
     except nv.NVMLError:
@@ -98,11 +100,11 @@ def nvml_read(nv: Any) -> NvmlReading:
         raise ObserveError(f"NVML cannot count GPUs: {exc}") from None
     reading = NvmlReading(str(driver), _cuda(nv), [], {})
     for i in range(count):
-        reading.gpus.append(_read_gpu(nv, i, reading.uses))
+        reading.gpus.append(_read_gpu(nv, i, reading.uses, settings))
     return reading
 
 
-def _read_gpu(nv: Any, i: int, uses: dict[int, list[GpuUse]]) -> Gpu:
+def _read_gpu(nv: Any, i: int, uses: dict[int, list[GpuUse]], settings: Collection[str] = ()) -> Gpu:
     lost: list[str] = []
     errors: list[str] = []
     fatal = (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired)
@@ -157,6 +159,8 @@ def _read_gpu(nv: Any, i: int, uses: dict[int, list[GpuUse]]) -> Gpu:
     persistence = q("persistence mode", nv.nvmlDeviceGetPersistenceMode, h)
     listed = _processes(nv, h, i, q, uses)
     migs = _mig_instances(nv, h, q) if mig else ()
+    # Settings that cannot be read make the settings unknown, not the GPU's health.
+    declared = read_settings(nv, h, settings, lost) if settings else None
     return Gpu(
         index=i, name=name or "?", uuid=uuid or "?",
         bus_id=(pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)) if pci else "?",
@@ -169,7 +173,7 @@ def _read_gpu(nv: Any, i: int, uses: dict[int, list[GpuUse]]) -> Gpu:
         recovery_action=recovery, minor=minor, mig=mig, mig_instances=migs,
         vbios=vbios, persistence_mode=None if persistence is None else bool(persistence),
         pcie_gen=pcie[0], pcie_gen_max=pcie[1], pcie_gen_gpu_max=pcie[2], pcie_width=pcie[3], pcie_width_max=pcie[4],
-        clock_events=reasons, nvlink_links=nlinks, nvlink_down=down,
+        clock_events=reasons, nvlink_links=nlinks, nvlink_down=down, settings=declared,
         lost=lost[0] if lost else None, read_errors=tuple(errors), processes_listed=listed and not lost,
     )
 

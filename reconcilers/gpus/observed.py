@@ -4,6 +4,7 @@ it, and the verdict on its health."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 MIB = 2**20
 
@@ -24,6 +25,40 @@ class MigInstance:
     compute_instance: int | None
     memory_total: int | None  # bytes
     memory_used: int | None
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    """A GPU's settings as the driver reports them; only those the state declares are read.
+
+    None: not read, not supported, or not readable: `unsupported` and `unreadable` say which
+    setting and why. Persistence mode and the current MIG mode are Gpu's own fields."""
+
+    power_limit_mw: int | None = None  # nvmlDeviceGetPowerManagementLimit, milliwatts
+    power_default_mw: int | None = None
+    power_min_mw: int | None = None  # nvmlDeviceGetPowerManagementLimitConstraints
+    power_max_mw: int | None = None
+    compute_mode: str | None = None  # default, exclusive_process, prohibited (exclusive_thread: removed)
+    application_clocks: tuple[int, int] | None = None  # (memory, graphics) MHz
+    default_application_clocks: tuple[int, int] | None = None
+    # What the GPU supports: (memory clock, its graphics clocks), MHz.
+    supported_clocks: tuple[tuple[int, tuple[int, ...]], ...] | None = None
+    graphics_clock: int | None = None  # the graphics clock now, MHz (nvmlDeviceGetClockInfo)
+    # NVML has no getter for locked clocks: what reconcile set since the driver last loaded,
+    # (min, max) MHz or "none"; None: no such record (docs/gpus.md#locked-clocks).
+    locked_clocks: tuple[int, int] | str | None = None
+    locked_at: str = ""  # when reconcile set them
+    mig_pending: bool | None = None  # nvmlDeviceGetMigMode's pending mode (current: Gpu.mig)
+    ecc: bool | None = None  # nvmlDeviceGetEccMode: current
+    ecc_pending: bool | None = None  # takes effect at the next reboot
+    unsupported: tuple[tuple[str, str], ...] = ()  # (setting, why): NOT_SUPPORTED, deprecated, not in this driver
+    unreadable: tuple[tuple[str, str], ...] = ()  # (setting, the error)
+
+    def why_unsupported(self, setting: str) -> str | None:
+        return next((why for name, why in self.unsupported if name == setting), None)
+
+    def why_unreadable(self, setting: str) -> str | None:
+        return next((why for name, why in self.unreadable if name == setting), None)
 
 
 @dataclass(frozen=True)
@@ -60,6 +95,7 @@ class Gpu:
     pcie_width: int | None = None
     pcie_width_max: int | None = None
     clock_events: tuple[str, ...] | None = None  # active clock-event (throttle) reasons
+    settings: GpuSettings | None = None  # None: no setting declared, none read
     nvlink_links: int | None = None  # links the GPU has (0: none)
     nvlink_down: tuple[int, ...] | None = None  # links that are not active
     # The verdict (health.py): healthy, unhealthy, unknown; the reasons and the step to take first.
@@ -142,3 +178,16 @@ class GpusObserved:
     notes: tuple[str, ...] = ()
     cuda_version: str | None = None  # the CUDA version the driver supports ("13.1")
     kernel_log: KernelLog | None = None
+    settings_host: SettingsHost | None = None  # None: no setting declared
+
+
+@dataclass(frozen=True)
+class SettingsHost:
+    """What setting the GPUs depends on beyond the GPUs: nvidia-persistenced.service, this boot."""
+
+    # nvidia-persistenced.service as systemd reports it; None: not installed, or systemd could not
+    # be asked (`persistenced_note` says why). Read only when persistence_mode is declared.
+    persistenced: Any = None  # units.systemctl.UnitObserved
+    persistenced_note: str = ""
+    boot_id: str = ""  # /proc/sys/kernel/random/boot_id: locked clocks recorded in another boot are gone
+    driver_load: str = ""  # the kernel log's last boot/driver-load line: the same for a driver reload

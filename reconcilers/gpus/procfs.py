@@ -10,6 +10,13 @@ from typing import Any
 
 # Processes that hold /dev/nvidia* by design (monitoring, persistence): never holders.
 EXCLUDED_NAMES = frozenset({"nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nvidia-smi"})
+# /proc/PID/comm holds at most 15 characters (TASK_COMM_LEN 16): nvidia-persistenced is "nvidia-persiste".
+_EXCLUDED_COMMS = frozenset(n[:15] for n in EXCLUDED_NAMES)
+
+
+def excluded(info: dict[str, Any]) -> bool:
+    """The NVIDIA daemons and tools that hold every GPU's device file without being its user."""
+    return info["name"] in _EXCLUDED_COMMS or info["exe"] in EXCLUDED_NAMES
 # Test/diagnostic knobs: where the GPU device files are, and a kernel log to read instead of dmesg.
 DEV_GLOB_ENV = "RECONCILE_NVIDIA_DEV_GLOB"
 DEFAULT_DEV_GLOB = "/dev/nvidia*"

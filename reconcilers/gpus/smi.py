@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from ...pipeline.contract import ObserveError
 from .catalogue import recovery_from_text
 from .nvml import CLOCK_EVENT_BITS
-from .observed import MIB, Gpu, GpuUse
+from .observed import MIB, Gpu, GpuSettings, GpuUse
 
 # Without these the GPUs cannot be told apart or their memory read: an nvidia-smi that refuses one is an error.
 SMI_REQUIRED = ("index", "uuid", "pci.bus_id", "memory.total", "memory.used")
@@ -32,6 +32,23 @@ SMI_GPU_FIELDS = SMI_REQUIRED + (
     "remapped_rows.failure", "gpu_recovery_action", "mig.mode.current", "persistence_mode", "vbios_version",
     "pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.gen.gpumax", "pcie.link.width.current",
     "pcie.link.width.max", "clocks_event_reasons.active")
+# Asked only when gpus.settings is declared: the CSV names are stable where the `-q -d POWER,CLOCK,
+# COMPUTE,ECC` text is not (driver 610 moved the power limits under "GPU Power Readings").
+SMI_SETTINGS_FIELDS = (
+    "power.limit", "power.default_limit", "power.min_limit", "power.max_limit", "compute_mode",
+    "clocks.applications.memory", "clocks.applications.graphics", "clocks.default_applications.memory",
+    "clocks.default_applications.graphics", "clocks.current.graphics", "mig.mode.pending", "ecc.mode.current",
+    "ecc.mode.pending")
+# Which of them each declared setting needs.
+SMI_SETTING_COLUMNS = {
+    "power_limit": ("power.limit", "power.default_limit", "power.min_limit", "power.max_limit"),
+    "compute_mode": ("compute_mode",),
+    "application_clocks": ("clocks.applications.memory", "clocks.applications.graphics",
+                           "clocks.default_applications.memory", "clocks.default_applications.graphics"),
+    "locked_clocks": ("clocks.current.graphics",),
+    "mig": ("mig.mode.pending",),
+    "ecc": ("ecc.mode.current", "ecc.mode.pending"),
+}
 # Drivers before 535 name the clock-event reasons "throttle reasons".
 SMI_RENAMED = {"clocks_event_reasons.active": "clocks_throttle_reasons.active"}
 SMI_APP_FIELDS = ("gpu_uuid", "pid", "process_name", "used_gpu_memory")
@@ -125,10 +142,12 @@ def _rows(csv: str) -> tuple[list[dict[str, Value]], list[tuple[str, str]]]:
     return rows, unreachable
 
 
-def parse_smi_gpus(csv: str, minors: Mapping[str, int] | None = None) -> tuple[list[Gpu], str | None]:
+def parse_smi_gpus(csv: str, minors: Mapping[str, int] | None = None, settings: Sequence[str] = ()
+                   ) -> tuple[list[Gpu], str | None]:
     """`nvidia-smi --query-gpu=<fields> --format=csv` -> the GPUs, and the driver version.
 
-    MINORS: PCI bus id (pci_key form) -> Device Minor from /proc/driver/nvidia/gpus (procfs.py)."""
+    MINORS: PCI bus id (pci_key form) -> Device Minor from /proc/driver/nvidia/gpus (procfs.py).
+    SETTINGS: the declared settings, read from SMI_SETTINGS_FIELDS."""
     from .xid import pci_key
 
     rows, unreachable = _rows(csv)
@@ -144,6 +163,8 @@ def parse_smi_gpus(csv: str, minors: Mapping[str, int] | None = None) -> tuple[l
         driver = driver or get("driver_version").str()
         errors, lost = [], None
         for name, v in r.items():
+            if v.error and name in SMI_SETTINGS_FIELDS and "lost" not in v.error.lower():
+                continue  # a setting that cannot be read leaves the setting unknown, not the GPU's health
             if v.error:
                 if "lost" in v.error.lower() or "reset" in v.error.lower():
                     lost = lost or v.error
@@ -168,6 +189,7 @@ def parse_smi_gpus(csv: str, minors: Mapping[str, int] | None = None) -> tuple[l
             pcie_width_max=get("pcie.link.width.max").int(),
             clock_events=_bits(get("clocks_event_reasons.active")),
             minor=minors.get(pci_key(bus)), lost=lost, read_errors=tuple(errors), processes_listed=lost is None,
+            settings=smi_settings(r, settings) if settings else None,
         ))
     # A GPU nvidia-smi could not reach takes the place its row would have had (index order).
     taken = {g.index for g in gpus}
@@ -177,6 +199,48 @@ def parse_smi_gpus(csv: str, minors: Mapping[str, int] | None = None) -> tuple[l
         gpus.append(Gpu(next(free), "?", "?", bus, None, None, lost=lost, minor=minors.get(pci_key(bus)),
                         read_errors=() if lost else (f"its handle: {reason}",), processes_listed=False))
     return sorted(gpus, key=lambda g: g.index), driver
+
+
+def _mw(v: Value) -> int | None:
+    w = v.float()
+    return None if w is None else round(w * 1000)
+
+
+def smi_settings(row: Mapping[str, Value], settings: Sequence[str]) -> GpuSettings:
+    """The declared settings from one row of SMI_SETTINGS_FIELDS: `[N/A]`/deprecated is not supported,
+    another bracketed value cannot be read, a column this nvidia-smi refused was not read."""
+    unsupported: dict[str, str] = {}
+    unreadable: dict[str, str] = {}
+    for setting in settings:
+        for col in SMI_SETTING_COLUMNS.get(setting, ()):
+            v = row.get(col)
+            if v is None:
+                unreadable.setdefault(setting, f"this nvidia-smi does not know the field {col!r}")
+            elif v.error:
+                unreadable.setdefault(setting, f"{col}: {v.error}")
+            elif v.missing:
+                deprecated = "deprecated" in v.text.lower()
+                unsupported.setdefault(setting, "deprecated by this driver (nvidia-smi: Requested functionality "
+                                       "has been deprecated)" if deprecated else "not supported by this GPU or driver")
+
+    def get(col: str) -> Value:
+        return row.get(col) or Value(None)
+
+    def pair(mem: str, gr: str) -> tuple[int, int] | None:
+        m, g = get(mem).int(), get(gr).int()
+        return None if m is None or g is None else (m, g)
+
+    mode = get("compute_mode").str()
+    return GpuSettings(
+        power_limit_mw=_mw(get("power.limit")), power_default_mw=_mw(get("power.default_limit")),
+        power_min_mw=_mw(get("power.min_limit")), power_max_mw=_mw(get("power.max_limit")),
+        compute_mode=mode.lower() if mode else None,
+        application_clocks=pair("clocks.applications.memory", "clocks.applications.graphics"),
+        default_application_clocks=pair("clocks.default_applications.memory", "clocks.default_applications.graphics"),
+        graphics_clock=get("clocks.current.graphics").int(),
+        mig_pending=get("mig.mode.pending").bool(), ecc=get("ecc.mode.current").bool(),
+        ecc_pending=get("ecc.mode.pending").bool(),
+        unsupported=tuple(sorted(unsupported.items())), unreadable=tuple(sorted(unreadable.items())))
 
 
 def parse_smi_apps(csv: str, index_of_uuid: Mapping[str, int]) -> dict[int, list[GpuUse]]:
@@ -229,9 +293,12 @@ def parse_cuda_version(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def query_fields(refused: Sequence[str]) -> str:
+def query_fields(refused: Sequence[str], settings: Sequence[str] = ()) -> str:
+    """The --query-gpu fields: SMI_GPU_FIELDS, and those of the declared SETTINGS, less what this
+    nvidia-smi refused."""
     fields = []
-    for f in SMI_GPU_FIELDS:
+    extra = tuple(dict.fromkeys(c for s in settings for c in SMI_SETTING_COLUMNS.get(s, ())))
+    for f in SMI_GPU_FIELDS + tuple(c for c in extra if c not in SMI_GPU_FIELDS):
         if f in refused:
             alt = SMI_RENAMED.get(f)
             if alt and alt not in refused:

@@ -38,7 +38,15 @@
  * `error=` with `error_on=` makes the named calls (or all, including the handle
  * lookup) return that error, as a GPU that fell off the bus does; call names:
  * handle name uuid pci minor memory processes temp power ecc retired remap
- * fields clocks pcie nvlink vbios persistence mig.
+ * fields clocks pcie nvlink vbios persistence mig, and the settings' calls of
+ * fakenvml_settings.c. `fail=set_power:no_permission,set_ecc:not_supported`
+ * fails one call with one error each; `lose_on=set_power` makes the GPU fall
+ * off the bus at that call (lost from then on, in every process).
+ *
+ * Settings (fakenvml_settings.c documents their keys) are kept per GPU in
+ * $FAKE_NVML_CONFIG.state, written atomically by every setter and read after the
+ * config at every init, so what one process set the next one reads; each setter
+ * call is appended to $FAKE_NVML_CONFIG.calls.
  *
  * Build with -DFAKE_OLD_DRIVER to leave out the _v3 process queries and
  * nvmlDeviceGetMemoryInfo_v2 (drivers < 510): pynvml then raises FunctionNotFound.
@@ -66,7 +74,7 @@ int initialised;
 /* --- config ------------------------------------------------------------------ */
 
 /* Next token of `*p` into key/value; returns 0 at end of line. */
-static int next_token(char **p, char *key, size_t klen, char *val, size_t vlen) {
+int next_token(char **p, char *key, size_t klen, char *val, size_t vlen) {
     char *s = *p;
     while (*s && isspace((unsigned char)*s)) s++;
     if (!*s || *s == '#') return 0;
@@ -96,19 +104,8 @@ int has_word(const char *list, const char *word) {
     return 0;
 }
 
-static nvmlReturn_t error_code(const char *name) {
-    if (!strcmp(name, "lost")) return NVML_ERROR_GPU_IS_LOST;
-    if (!strcmp(name, "reset_required")) return NVML_ERROR_RESET_REQUIRED;
-    if (!strcmp(name, "no_permission")) return NVML_ERROR_NO_PERMISSION;
-    if (!strcmp(name, "driver_not_loaded")) return NVML_ERROR_DRIVER_NOT_LOADED;
-    if (!strcmp(name, "lib_rm_mismatch")) return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
-    if (!strcmp(name, "not_supported")) return NVML_ERROR_NOT_SUPPORTED;
-    if (!name[0]) return NVML_SUCCESS;
-    return NVML_ERROR_UNKNOWN;
-}
-
 /* "a,b,c" of unsigned numbers into out[]; returns how many. */
-static int parse_list(const char *val, unsigned *out, int max) {
+int parse_list(const char *val, unsigned *out, int max) {
     int n = 0;
     for (char *s = (char *)val; *s && n < max;) {
         out[n++] = (unsigned)strtoul(s, &s, 0);
@@ -117,8 +114,53 @@ static int parse_list(const char *val, unsigned *out, int max) {
     return n;
 }
 
+/* One config (or state-file) key of a GPU. */
+void gpu_key(fake_gpu *g, const char *key, const char *val) {
+    unsigned long long n = strtoull(val, NULL, 0);
+    if (!strcmp(key, "name")) snprintf(g->name, sizeof g->name, "%s", val);
+    else if (!strcmp(key, "uuid")) snprintf(g->uuid, sizeof g->uuid, "%s", val);
+    else if (!strcmp(key, "bus")) snprintf(g->bus, sizeof g->bus, "%s", val);
+    else if (!strcmp(key, "vbios")) snprintf(g->vbios, sizeof g->vbios, "%s", val);
+    else if (!strcmp(key, "minor")) g->minor = (unsigned)n;
+    else if (!strcmp(key, "total_mib")) g->total_mib = n;
+    else if (!strcmp(key, "reserved_mib")) g->reserved_mib = n;
+    else if (!strcmp(key, "used_mib")) g->used_mib = n;
+    else if (!strcmp(key, "temp")) g->temp = (unsigned)n;
+    else if (!strcmp(key, "power_mw")) g->power_mw = (unsigned)n;
+    else if (!strcmp(key, "ecc_volatile")) g->ecc_volatile = n;
+    else if (!strcmp(key, "ecc_corrected")) g->ecc_corrected = n;
+    else if (!strcmp(key, "retired_pending")) g->retired_pending = (int)n;
+    else if (!strcmp(key, "remap_pending")) g->remap_pending = (int)n;
+    else if (!strcmp(key, "remap_failure")) g->remap_failure = (int)n;
+    else if (!strcmp(key, "recovery")) g->recovery = (unsigned)n;
+    else if (!strcmp(key, "persistence")) g->persistence = (unsigned)n;
+    else if (!strcmp(key, "clocks_event")) g->clocks_event = n;
+    else if (!strcmp(key, "clocks_supported")) g->clocks_supported = n;
+    else if (!strcmp(key, "pcie")) parse_list(val, g->pcie, 5);
+    else if (!strcmp(key, "nvlink")) {
+        unsigned flags[MAX_LINKS];
+        g->nlinks = parse_list(val, flags, MAX_LINKS);
+        for (int i = 0; i < g->nlinks; i++) g->links[i] = (int)flags[i];
+    } else if (!strcmp(key, "mig")) g->mig = (int)n;
+    else if (!strcmp(key, "mig_instances")) {
+        g->nmig = 0;
+        for (char *s = (char *)val; *s && g->nmig < MAX_MIG;) {
+            fake_mig *m = &g->migs[g->nmig++];
+            m->gi = (unsigned)strtoul(s, &s, 10);
+            if (*s == ':') s++;
+            m->ci = (unsigned)strtoul(s, &s, 10);
+            if (*s == ':') s++;
+            m->total_mib = strtoull(s, &s, 10);
+            if (*s == ',') s++; else break;
+        }
+    } else if (!strcmp(key, "error")) g->error = error_code(val);
+    else if (!strcmp(key, "error_on")) snprintf(g->error_on, sizeof g->error_on, "%s", val);
+    else if (!strcmp(key, "unsupported")) snprintf(g->unsupported, sizeof g->unsupported, "%s", val);
+    else settings_key(g, key, val);
+}
+
 static void parse_gpu(char *p) {
-    char key[64], val[512];
+    char key[64], val[1024];
     fake_gpu *g = &gpus[ngpus];
     memset(g, 0, sizeof *g);
     g->index = g->minor = ngpus;
@@ -133,48 +175,10 @@ static void parse_gpu(char *p) {
     unsigned pcie[5] = {5, 5, 5, 16, 16};
     memcpy(g->pcie, pcie, sizeof pcie);
     g->nlinks = -1; /* no NVLink */
-    while (next_token(&p, key, sizeof key, val, sizeof val)) {
-        unsigned long long n = strtoull(val, NULL, 0);
-        if (!strcmp(key, "name")) snprintf(g->name, sizeof g->name, "%s", val);
-        else if (!strcmp(key, "uuid")) snprintf(g->uuid, sizeof g->uuid, "%s", val);
-        else if (!strcmp(key, "bus")) snprintf(g->bus, sizeof g->bus, "%s", val);
-        else if (!strcmp(key, "vbios")) snprintf(g->vbios, sizeof g->vbios, "%s", val);
-        else if (!strcmp(key, "minor")) g->minor = (unsigned)n;
-        else if (!strcmp(key, "total_mib")) g->total_mib = n;
-        else if (!strcmp(key, "reserved_mib")) g->reserved_mib = n;
-        else if (!strcmp(key, "used_mib")) g->used_mib = n;
-        else if (!strcmp(key, "temp")) g->temp = (unsigned)n;
-        else if (!strcmp(key, "power_mw")) g->power_mw = (unsigned)n;
-        else if (!strcmp(key, "ecc_volatile")) g->ecc_volatile = n;
-        else if (!strcmp(key, "ecc_corrected")) g->ecc_corrected = n;
-        else if (!strcmp(key, "retired_pending")) g->retired_pending = (int)n;
-        else if (!strcmp(key, "remap_pending")) g->remap_pending = (int)n;
-        else if (!strcmp(key, "remap_failure")) g->remap_failure = (int)n;
-        else if (!strcmp(key, "recovery")) g->recovery = (unsigned)n;
-        else if (!strcmp(key, "persistence")) g->persistence = (unsigned)n;
-        else if (!strcmp(key, "clocks_event")) g->clocks_event = n;
-        else if (!strcmp(key, "clocks_supported")) g->clocks_supported = n;
-        else if (!strcmp(key, "pcie")) parse_list(val, g->pcie, 5);
-        else if (!strcmp(key, "nvlink")) {
-            unsigned flags[MAX_LINKS];
-            g->nlinks = parse_list(val, flags, MAX_LINKS);
-            for (int i = 0; i < g->nlinks; i++) g->links[i] = (int)flags[i];
-        } else if (!strcmp(key, "mig")) g->mig = (int)n;
-        else if (!strcmp(key, "mig_instances")) {
-            for (char *s = val; *s && g->nmig < MAX_MIG;) {
-                fake_mig *m = &g->migs[g->nmig++];
-                m->gi = (unsigned)strtoul(s, &s, 10);
-                if (*s == ':') s++;
-                m->ci = (unsigned)strtoul(s, &s, 10);
-                if (*s == ':') s++;
-                m->total_mib = strtoull(s, &s, 10);
-                if (*s == ',') s++; else break;
-            }
-        } else if (!strcmp(key, "error")) g->error = error_code(val);
-        else if (!strcmp(key, "error_on")) snprintf(g->error_on, sizeof g->error_on, "%s", val);
-        else if (!strcmp(key, "unsupported")) snprintf(g->unsupported, sizeof g->unsupported, "%s", val);
-    }
+    settings_defaults(g);
+    while (next_token(&p, key, sizeof key, val, sizeof val)) gpu_key(g, key, val);
     if (g->error && !g->error_on[0]) snprintf(g->error_on, sizeof g->error_on, "all");
+    settings_finish(g);
     for (int i = 0; i < g->nmig; i++) {
         g->migs[i].parent = g;
         snprintf(g->migs[i].uuid, sizeof g->migs[i].uuid, "MIG-%s-%u-%u", g->uuid + (strncmp(g->uuid, "GPU-", 4) ? 0 : 4),
@@ -207,7 +211,7 @@ static void parse_holder(char *p) {
     if (h->comm[0] || h->cmdline[0]) nholders++;
 }
 
-static int load_config(void) {
+int load_config(void) {
     const char *path = getenv("FAKE_NVML_CONFIG");
     if (!path) return -1;
     FILE *f = fopen(path, "r");
@@ -215,7 +219,7 @@ static int load_config(void) {
     ngpus = nholders = 0;
     init_error = NVML_SUCCESS;
     hang_init_s = 0;
-    char line[4096], key[64], val[512];
+    char line[8192], key[64], val[512];
     while (fgets(line, sizeof line, f)) {
         char *p = line;
         if (!next_token(&p, key, sizeof key, val, sizeof val)) continue;
@@ -232,8 +236,11 @@ static int load_config(void) {
         }
     }
     fclose(f);
+    load_state(); /* what setters changed, in this process or another */
     return 0;
 }
+
+const char *driver(void) { return driver_version; }
 
 /* --- handles and injected errors ---------------------------------------------------- */
 
@@ -253,6 +260,23 @@ nvmlReturn_t check(fake_gpu *g, const char *call) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!g) return NVML_ERROR_INVALID_ARGUMENT;
     if (g->error && (has_word(g->error_on, "all") || has_word(g->error_on, call))) return g->error;
+    if (g->lose_on[0] && has_word(g->lose_on, call)) {
+        /* The GPU falls off the bus now: this call and every later one, in every process. */
+        g->error = NVML_ERROR_GPU_IS_LOST;
+        snprintf(g->error_on, sizeof g->error_on, "all");
+        save_state();
+        return g->error;
+    }
+    /* fail=call:error,... : that call alone fails so (a permission or NOT_SUPPORTED per call). */
+    size_t n = strlen(call);
+    for (const char *s = g->fail; (s = strstr(s, call)); s += n) {
+        if ((s == g->fail || s[-1] == ',') && s[n] == ':') {
+            char name[32];
+            size_t k = strcspn(s + n + 1, ",");
+            snprintf(name, sizeof name, "%.*s", (int)(k < sizeof name ? k : sizeof name - 1), s + n + 1);
+            return error_code(name);
+        }
+    }
     return NVML_SUCCESS;
 }
 
@@ -306,6 +330,13 @@ static int scan(match_t *out, int max) {
 
 static int holds(const fake_holder *h, unsigned gpu) {
     for (int i = 0; i < h->ngpus; i++) if (h->gpus[i] == (int)gpu) return 1;
+    return 0;
+}
+
+int busy(const fake_gpu *g) {
+    static match_t m[MAX_PROCS];
+    int n = scan(m, MAX_PROCS);
+    for (int i = 0; i < n; i++) if (holds(&holders[m[i].holder], g->index)) return 1;
     return 0;
 }
 
@@ -368,25 +399,6 @@ nvmlReturn_t nvmlShutdown(void) {
     return NVML_SUCCESS;
 }
 
-/* The strings real NVML returns (what nvidia-smi prints after "Failed to initialize NVML: "). */
-const char *nvmlErrorString(nvmlReturn_t r) {
-    switch (r) {
-    case NVML_SUCCESS: return "Success";
-    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
-    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
-    case NVML_ERROR_NOT_FOUND: return "Not Found";
-    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
-    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
-    case NVML_ERROR_RESET_REQUIRED: return "GPU requires reset";
-    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "Driver/library version mismatch";
-    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
-    default: return "Unknown Error";
-    }
-}
-
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!version || length <= strlen(driver_version)) return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -415,6 +427,18 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     CHECK(&gpus[index], "handle");
     *device = &gpus[index];
     return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    if (!initialised) return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned i = 0; i < ngpus; i++) {
+        if (strcmp(gpus[i].uuid, uuid)) continue;
+        CHECK(&gpus[i], "handle");
+        *device = &gpus[i];
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_NOT_FOUND;
 }
 
 nvmlReturn_t copy_str(const char *src, char *dst, unsigned int length) {

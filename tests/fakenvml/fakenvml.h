@@ -1,7 +1,10 @@
-/* Shared by fakenvml.c (config, processes, the core queries) and fakenvml_more.c (field values,
- * clock events, PCIe, NVLink, VBIOS, persistence, MIG): see fakenvml.c for the configuration. */
+/* Shared by fakenvml.c (config, processes, the core queries), fakenvml_more.c (field values,
+ * clock events, PCIe, NVLink, VBIOS, persistence, MIG) and fakenvml_settings.c (the settings'
+ * getters and setters, the state kept between processes, the call log): see fakenvml.c for the
+ * configuration. */
 #ifndef FAKENVML_H
 #define FAKENVML_H
+#include <stddef.h>
 #include <stdint.h>
 
 typedef int nvmlReturn_t;
@@ -17,7 +20,9 @@ enum {
     NVML_ERROR_GPU_IS_LOST = 15,
     NVML_ERROR_RESET_REQUIRED = 16,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_IN_USE = 19,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_DEPRECATED = 26,
     NVML_ERROR_UNKNOWN = 999,
 };
 
@@ -26,6 +31,8 @@ enum {
 #define MAX_PROCS 4096
 #define MAX_LINKS 36
 #define MAX_MIG 8
+#define MAX_MEM_CLOCKS 8
+#define MAX_GR_CLOCKS 256
 #define MIB (1024ULL * 1024ULL)
 #define NVML_MEMORY_V2 0x02000028u
 #define NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL
@@ -53,6 +60,16 @@ struct fake_gpu {
     nvmlReturn_t error;
     char error_on[256], unsupported[256];
     unsigned index;
+    /* Settings (fakenvml_settings.c): power in milliwatts, clocks in MHz; locked 0,0 = none. */
+    unsigned power_limit_mw, power_default_mw, power_min_mw, power_max_mw, compute_mode;
+    unsigned app_mem, app_gr, app_default_mem, app_default_gr, locked_min, locked_max;
+    unsigned mem_clocks[MAX_MEM_CLOCKS], gr_clocks[MAX_GR_CLOCKS];
+    int nmem_clocks, ngr_clocks;
+    unsigned clock_gr; /* the graphics clock the GPU runs at when nothing holds it (locked clocks clamp it) */
+    int mig_pending, ecc, ecc_pending;
+    char fail[256];    /* call:error,... : that call alone returns that error */
+    char lose_on[64];  /* the GPU falls off the bus at this call: lost from then on, in every process */
+    char hang_on[64];  /* this call blocks (a wedged driver) */
 };
 
 typedef struct {
@@ -97,6 +114,22 @@ extern unsigned nholders;
 extern int initialised;
 
 int has_word(const char *list, const char *word);
+int next_token(char **p, char *key, size_t klen, char *val, size_t vlen);
+nvmlReturn_t error_code(const char *name);
+const char *error_name(nvmlReturn_t code);
+int parse_list(const char *val, unsigned *out, int max);
+const char *driver(void);
+/* Holders alive on GPU g now (a MIG change or a reset is refused while any is). */
+int busy(const fake_gpu *g);
+/* fakenvml_settings.c: defaults, config keys, the state file written by setters and read at init. */
+void settings_defaults(fake_gpu *g);
+int settings_key(fake_gpu *g, const char *key, const char *val);
+void settings_finish(fake_gpu *g);
+int load_config(void);
+void load_state(void);
+void save_state(void);
+void log_call(const char *call, const fake_gpu *g, const char *args, nvmlReturn_t rc);
+void gpu_key(fake_gpu *g, const char *key, const char *val);
 fake_gpu *as_gpu(nvmlDevice_t dev);
 fake_mig *as_mig(nvmlDevice_t dev);
 /* The error a call on this GPU returns: not initialised, a bad handle, or the injected one. */

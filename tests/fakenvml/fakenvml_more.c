@@ -4,7 +4,7 @@
 
 #include "fakenvml.h"
 
-/* Field values: 230 recovery action, 91 NVLink link count, 1 ECC mode; others NOT_SUPPORTED per field. */
+/* Field values: 230 recovery action, 91 NVLink link count, 1/2 ECC mode current/pending; others NOT_SUPPORTED per field. */
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t *values) {
     fake_gpu *g = as_gpu(dev);
     CHECK(g, "fields");
@@ -18,7 +18,8 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValu
         v->value.ullVal = 0;
         if (v->fieldId == 230 && !unsupported(g, "recovery")) v->value.uiVal = g->recovery;
         else if (v->fieldId == 91 && g->nlinks >= 0) v->value.uiVal = (unsigned)g->nlinks;
-        else if (v->fieldId == 1 && !unsupported(g, "ecc")) v->value.uiVal = 1;
+        else if (v->fieldId == 1 && !unsupported(g, "ecc")) v->value.uiVal = (unsigned)g->ecc; /* ECC_CURRENT */
+        else if (v->fieldId == 2 && !unsupported(g, "ecc")) v->value.uiVal = (unsigned)g->ecc_pending;
         else v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
     }
     return NVML_SUCCESS;
@@ -86,7 +87,8 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned *current, unsigned 
     fake_gpu *g = as_gpu(dev);
     CHECK(g, "mig");
     if (unsupported(g, "mig")) return NVML_ERROR_NOT_SUPPORTED;
-    *current = *pending = (unsigned)(g->mig != 0);
+    *current = (unsigned)(g->mig != 0);
+    *pending = (unsigned)(g->mig_pending != 0); /* a change waits for a GPU reset */
     return NVML_SUCCESS;
 }
 
