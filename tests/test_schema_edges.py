@@ -25,7 +25,14 @@ BASE = {
              "observe_timeout": "60s", "settle": "5s", "needs": ["unit:a.service"],
              "checks": {"driver": ">=590", "cuda": ">=12.8", "max_temperature": 85, "no_slowdown": True,
                         "pcie": {"min_gen": "max", "min_width": 16}, "max_nvlink_down": 0, "max_ecc_corrected": 0,
-                        "same_vbios": True, "persistence_mode": "enabled"}},
+                        "same_vbios": True, "persistence_mode": "enabled"},
+             "settings": {"persistence_mode": True, "power_limit": "450W", "compute_mode": "default",
+                          "application_clocks": {"memory": "9501MHz", "graphics": "1980MHz"},
+                          "locked_clocks": {"min": "1500MHz", "max": "1980MHz"}, "mig": "disabled",
+                          "ecc": "enabled",
+                          "per_gpu": {"3": {"persistence_mode": True, "power_limit": "default",
+                                            "compute_mode": "exclusive_process", "application_clocks": "default",
+                                            "locked_clocks": "none", "mig": "enabled", "ecc": "disabled"}}}},
     "mounts": {"/data": {"mounted": True, "source": "tmpfs", "fstype": "tmpfs", "options": ["rw"],
                          "min_free": "1%", "min_free_inodes": "1%", "writable": True, "probe_timeout": "5s",
                          "needs": []}},
@@ -46,8 +53,11 @@ EDGES = [
 
 
 def _resolve(schema: dict, node: dict) -> dict:
-    while "$ref" in node:
-        node = schema["$defs"][node["$ref"].rsplit("/", 1)[1]]
+    while "$ref" in node:  # a JSON pointer into the bundle, e.g. #/$defs/gpus/$defs/power
+        target = schema
+        for part in node["$ref"].removeprefix("#/").split("/"):
+            target = target[part]
+        node = target
     return node
 
 
