@@ -190,15 +190,26 @@ def test_two_applies_at_once_exactly_one_acts(nsystemd, tmp_path):
                                "--lock-timeout", "120s" if wait else "0s") for _ in range(2)]
         procs = [nsystemd.popen(a, env=env, stdout=-1, stderr=-1, text=True) for a in argv]
         try:
-            # The holder's intent is on disk before it stops the unit; it then blocks in ExecStop.
+            # The holder's intent is on disk before it stops the unit; it then blocks in ExecStop. The
+            # other one, not waiting, may be refused before that (the holder takes the lock, then
+            # observes): an early end is allowed for it alone, and only as that refusal.
             deadline = time.monotonic() + 60
+            ended: tuple | None = None
             while not [e for e in _entries(journal) if e["event"] == "intent"]:
-                assert time.monotonic() < deadline and all(p.poll() is None for p in procs), _outputs(procs)
+                for p in procs:
+                    if ended is None and p.poll() is not None:
+                        ended = (p, *p.communicate())
+                        assert not wait and p.returncode == 1, _outputs(procs) + " | " + ended[2]
+                assert time.monotonic() < deadline, _outputs(procs)
+                assert all(p.poll() is None for p in procs if ended is None or p is not ended[0]), _outputs(procs)
                 time.sleep(0.005)
             [intent] = [e for e in _entries(journal) if e["event"] == "intent"]
             if not wait:  # the other one is refused while the holder is blocked, naming it
-                loser = _first_to_end(procs)
-                out, err = loser.communicate()
+                if ended is None:
+                    loser = _first_to_end(procs)
+                    out, err = loser.communicate()
+                else:
+                    loser, out, err = ended
                 assert loser.returncode == 1, out + err
                 assert err.startswith("reconcile: error: another reconcile apply holds"), err
                 assert f"pid {intent['pid']}," in err, (err, intent)

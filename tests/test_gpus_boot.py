@@ -103,7 +103,8 @@ def test_boot_unit_sets_the_gpus_after_nvidia_persistenced_at_every_boot(tmp_pat
             nvml = gs.nvml_settings(fake_lib, config)
             assert [(g["persistence_mode"], g["power_limit_mw"], g["graphics_clock"]) for g in nvml] == \
                 [(1, 450000, 1500)] * 2
-        journal = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
+        journal = [e for line in (tmp_path / "journal.jsonl").read_text().splitlines()
+                   if (e := json.loads(line))["event"] == "result"]
         # Persistence came from the daemon, which ran first: reconcile set power limits and clocks only.
         assert [(e["action"], e["target"]) for e in journal[-4:]] == [
             ("set", "gpu0.power_limit"), ("set", "gpu1.power_limit"), ("set", "gpu0.locked_clocks"),
