@@ -168,12 +168,18 @@ def seed_gpus(n: int = 8, **kw) -> list[FakeGpu]:
 
 
 def nvml_env(libdir: Path | None, config: Path | None) -> dict[str, str]:
-    """Environment entries that point pynvml at the fake (None: no library at all)."""
+    """Environment entries that point pynvml at the fake (None: no library at all), and the gpus
+    kind's kernel log at an empty file beside the config: what this machine's dmesg holds (its
+    ring buffer may no longer reach back to boot, which makes every GPU's health unknown) is not
+    the test's input. A test that gives its own RECONCILE_KERNEL_LOG puts it after these."""
     env = {}
     if libdir is not None:
         env["LD_LIBRARY_PATH"] = str(libdir)
     if config is not None:
         env["FAKE_NVML_CONFIG"] = str(config)
+        klog = Path(config).parent / "empty-kern.log"
+        klog.touch()
+        env["RECONCILE_KERNEL_LOG"] = str(klog)
     return env
 
 
@@ -282,7 +288,7 @@ def cli(tmp: Path, lib: Path | None, config: Path | None, *args: str, **env: str
         klog.touch()
         env["RECONCILE_KERNEL_LOG"] = str(klog)
     env.setdefault("RECONCILE_STATE_DIR", str(tmp / "state"))  # the locked-clock record, never /var/lib
-    return run_cli(tmp, *args, **extra, **env)
+    return run_cli(tmp, *args, **{**extra, **env})
 
 
 # --- settings: what the fake driver holds, what was called, resets and reboots ----------------------

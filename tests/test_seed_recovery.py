@@ -85,7 +85,7 @@ class Scenario:
 
     def env(self) -> dict[str, str]:
         return {**cli_env(self.tmp), "RECONCILE_STATE_DIR": str(self.tmp / "state"),
-                "RECONCILE_KERNEL_LOG": str(self.kernel_log), **gs.nvml_env(self.lib, self.config)}
+                **gs.nvml_env(self.lib, self.config), "RECONCILE_KERNEL_LOG": str(self.kernel_log)}
 
     def cli(self, *args: str) -> tuple[int, dict, str]:
         argv = reconcile_argv(*args, "--format", "json")
