@@ -49,7 +49,7 @@ def load_state(path: str, prefetch=None, fmt: str = "text", command: str = "diff
     line per problem on stderr, and for --format json/junit also an error report on stdout (CI
     stores it: never a 0-byte report)."""
     from .pipeline.statefile import StateFileError, load
-    from .pipeline.statefile.positions import LIMITS
+    from .pipeline.statefile.text import LIMITS
 
     label = path
     try:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ...machines.host import Host
+    from .integrity import Verdict
 
 from ...pipeline.atomic import write_json
 from ...pipeline.contract import (
@@ -53,10 +54,8 @@ from ...pipeline.contract import (
     run_action,
 )
 from ...pipeline.values import format_duration, parse_duration
-from .integrity import CONTENT, GONE, STAT, STRUCTURE, UNREADABLE, Verdict, check_path
 from .job import START_TIMEOUT, JobObserved, observe_jobs, start_command
 from .listing import QUARANTINE, Listing, leaf_form, list_tree
-from .quarantine import quarantine
 from .ranges import contains, each, format_ranges, intersect, last, normalize, size, subtract, to_ranges
 from .records import STATE_FORMAT, CheckRecord, RecentFile, boot_id, load_json, state_dir
 
@@ -169,6 +168,10 @@ class ExtractionsReconciler(Reconciler):
 
     def _observe_files(self, r: Resource, job: JobObserved,
                        beat: Callable[[], None] | None = None) -> ExtractionObserved:
+        # The file checks (and the archive readers under them) are imported here, in the observer
+        # child, not with the kind: `diff` builds the kind in the parent, where they are not needed.
+        from .integrity import CONTENT, GONE, STAT, STRUCTURE, UNREADABLE, check_path
+
         spec = r.spec
         root, total, verify = spec["dir"], spec["total"], spec["verify"]
         state_path = state_dir() / f"{r.name}.check.json"
@@ -390,6 +393,8 @@ class ExtractionsReconciler(Reconciler):
 
     def apply(self, host: Host, resource: Resource, action: Action) -> str:
         if action.action == "quarantine":
+            from .quarantine import quarantine
+
             return quarantine(resource, action.params.get("files", ()))
         if action.action == "start":
             resume = resource.spec["resume"]
