@@ -34,6 +34,8 @@ SUPPORTED_VERSIONS = (1,)
 
 @dataclass(frozen=True)
 class LoadedState:
+    """A validated state file: its document and its resources, in the order they are reconciled."""
+
     path: str
     version: int
     host: str | None

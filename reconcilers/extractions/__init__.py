@@ -75,6 +75,8 @@ DEFAULT_OBSERVE_TIMEOUT = "60s"  # without progress; see ExtractionsReconciler.o
 
 @dataclass(frozen=True)
 class Damaged:
+    """A sample file found damaged or unreadable, and why."""
+
     path: str  # relative to the extraction's dir
     reason: str
     size: int
@@ -83,6 +85,8 @@ class Damaged:
 
 @dataclass(frozen=True)
 class ExtractionObserved:
+    """An extraction's progress, its damaged and missing files, and its job."""
+
     dir: str
     exists: bool
     total: int
@@ -168,10 +172,6 @@ class ExtractionsReconciler(Reconciler):
 
     def _observe_files(self, r: Resource, job: JobObserved,
                        beat: Callable[[], None] | None = None) -> ExtractionObserved:
-        # The file checks (and the archive readers under them) are imported here, in the observer
-        # child, not with the kind: `diff` builds the kind in the parent, where they are not needed.
-        from .integrity import CONTENT, GONE, STAT, STRUCTURE, UNREADABLE, check_path
-
         spec = r.spec
         root, total, verify = spec["dir"], spec["total"], spec["verify"]
         state_path = state_dir() / f"{r.name}.check.json"
@@ -209,15 +209,21 @@ class ExtractionsReconciler(Reconciler):
 
         # Phase 1: every file to check, at the depth its verify mode asks (recent: the
         # structure, except for the files the recent rule re-reads, whose content is read).
-        depth = {"all": CONTENT, "recent": STRUCTURE, "none": STAT}[verify]
         verdicts: list[tuple[int, str, Verdict]] = []
-        for idx in each(to_check):
-            for rel in listing.paths(idx):
-                if beat:
-                    beat()
-                v = check_path(os.path.join(root, rel), CONTENT if idx in reread else depth)
-                if v.state != GONE:  # GONE: vanished between the listing and the check
-                    verdicts.append((idx, rel, v))
+        if to_check:
+            # The file checks (and the archive readers under them) are imported only here: not with
+            # the kind (`diff` builds it in the parent), and not when every file is as last seen,
+            # the steady state. Everything below that names them runs only for these verdicts.
+            from .integrity import CONTENT, GONE, STAT, STRUCTURE, UNREADABLE, check_path
+
+            depth = {"all": CONTENT, "recent": STRUCTURE, "none": STAT}[verify]
+            for idx in each(to_check):
+                for rel in listing.paths(idx):
+                    if beat:
+                        beat()
+                    v = check_path(os.path.join(root, rel), CONTENT if idx in reread else depth)
+                    if v.state != GONE:  # GONE: vanished between the listing and the check
+                        verdicts.append((idx, rel, v))
         mtimes: dict[int, float] = {}  # index -> newest mtime of its files, for the files looked at
         for idx, _, v in verdicts:
             if v.st is not None:
