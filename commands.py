@@ -14,6 +14,7 @@ leave as they did when everything went through click.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -100,6 +101,10 @@ def exit_now(code: int) -> None:
 
 def run_diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) -> None:
     """`reconcile diff`, once its flags are known; leaves through exit_now."""
+    # One short run that leaves through os._exit: the cyclic collector would only walk every
+    # module's objects again and again while they are imported (and the forked observers'
+    # copies of the pages they sit on). Reference counting still frees what is dropped.
+    gc.disable()
     from .pipeline.engine import Engine, Prefetch
     from .views import render
 

@@ -6,6 +6,7 @@ remote run or a prefix (`nsenter`, `pct exec`) changes one place.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -203,6 +204,11 @@ class Host:
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns into the caller's code
+            # The objects shared with the parent are left to the parent: the child's collector never
+            # scans them (no copy-on-write of every page they sit on), and collects its own cycles,
+            # whatever the parent chose (commands.run_diff turns its collector off).
+            gc.freeze()
+            gc.enable()
             try:
                 null = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
