@@ -42,6 +42,9 @@ class Bench(Scenario):
                      expect=[re.escape(VLLM)], rcs=[2]),
             self.job("shell floor", ["/bin/sh", str(self.work / "floor.sh")], expect=[rf"(?m)^{total}$"], rcs=[0]),
         ]
+        if self.args.compare:  # another build, interleaved with this one: a before/after in one run
+            jobs.insert(1, self.job("reconcile diff (compared build)", [self.args.compare, "diff", st],
+                                    expect=[re.escape(VLLM)], rcs=[2]))
         if not self.args.no_peers:
             penv = self.peer_env()
             jobs += [
@@ -75,6 +78,9 @@ class Bench(Scenario):
             path.write_text(self.state_yaml(kinds={kind}))
             jobs.append(self.job(f"reconcile diff, {kind} only", [*self.rec, "diff", str(path)], rcs=[0, 2]))
         jobs.append(self.job("reconcile diff, all kinds", [*self.rec, "diff", str(self.state)], rcs=[2]))
+        if self.args.compare:
+            jobs.append(self.job("reconcile diff, all kinds (compared build)", [self.args.compare, "diff",
+                                                                               str(self.state)], rcs=[2]))
         self.results["breakdown"] = self.run_jobs(jobs)
 
     def growth_units(self) -> None:
@@ -212,6 +218,11 @@ class Bench(Scenario):
             cell = name.replace("|", "\\|")  # a pipe in a cell would end it
             lines.append(f"| {cell} | {t:.3f} | {median(r['rss_kib']) / 1024:.0f} | {t / base:.1f}× | "
                          f"{','.join(map(str, sorted(set(r['rcs']))))} |")
+        if "reconcile diff (compared build)" in seed and "shell floor" in seed:
+            floor = median(seed["shell floor"]["walls"])
+            other = median(seed["reconcile diff (compared build)"]["walls"])
+            lines += ["", f"Compared build (`{a.compare}`): {other:.3f} s, {other / floor:.1f}× the shell floor; "
+                      f"this tree: {base:.3f} s, {base / floor:.1f}×, in the same run."]
         if "apply" in self.results:
             r = self.results["apply"]["reconcile apply"]
             lines += ["", f"`reconcile apply` on the seed scenario (reset before each run: vLLM unit re-enabled and "
