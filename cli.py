@@ -13,61 +13,20 @@ import click
 
 from . import FORMAT_VERSION, __version__
 
-EXIT_OK, EXIT_ERROR, EXIT_DRIFT = 0, 1, 2
-
-
-def fail(message: str) -> None:
-    click.echo(f"reconcile: error: {message}", err=True)
-    sys.exit(EXIT_ERROR)
-
-
-def resolve_state_file(given: str | None) -> str:
-    """FILE, else $RECONCILE_STATE, else states/<short hostname>.yaml, else ./state.yaml."""
-    if given:
-        return given
-    tried = []
-    env = os.environ.get("RECONCILE_STATE")
-    if env:
-        return env
-    tried.append("$RECONCILE_STATE (unset)")
-    short = os.uname().nodename.split(".", 1)[0]
-    for candidate in (f"states/{short}.yaml", "state.yaml"):
-        if os.path.isfile(candidate):
-            return candidate
-        tried.append(candidate)
-    fail(f"no state file given and none found; tried {', '.join(tried)}")
-    raise AssertionError  # unreachable
-
-
-STATE_LABEL = "reconcile.state_label"  # click context meta key, set by --state-label
-
-
-def load_state(path: str, prefetch=None, fmt: str = "text", command: str = "diff", dry_run: bool = False):
-    """Load and validate FILE; `-` reads the state from stdin (as a remote target does), shown in
-    messages as --state-label NAME (default `<stdin>`), so errors point into the user's own file.
-    `prefetch` (engine.Prefetch) starts observing kinds as they are built. A bad state file is one
-    line per problem on stderr, and for --format json/junit also an error report on stdout (CI
-    stores it: never a 0-byte report)."""
-    from .pipeline.statefile import StateFileError, load
-    from .pipeline.statefile.positions import LIMITS
-
-    label = path
-    try:
-        if path == "-":
-            ctx = click.get_current_context(silent=True)
-            label = (ctx.meta.get(STATE_LABEL) if ctx else None) or "<stdin>"
-            # One byte past the limit at most: `reconcile diff - < /dev/zero` is an error, not a MemoryError.
-            return load(label, text=sys.stdin.buffer.read(LIMITS.max_bytes + 1), on_kind=prefetch)
-        return load(path, on_kind=prefetch)
-    except StateFileError as exc:
-        for problem in exc.problems:
-            click.echo(problem, err=True)
-        if fmt != "text":
-            from .pipeline.report import error_report
-            from .views import render
-
-            render(error_report(command, label, exc.problems, dry_run=dry_run), fmt)
-        exit_now(EXIT_ERROR)
+# The steps the commands share, and `diff` itself, are in commands.py: click-free, so that
+# __main__.py runs the plain `reconcile diff FILE` without importing click.
+from .commands import (  # noqa: F401  (EXIT_DRIFT, exit_now: the commands' names, kept here)
+    EXIT_DRIFT,
+    EXIT_ERROR,
+    EXIT_OK,
+    STATE_LABEL,
+    exit_now,
+    fail,
+    internal_error,
+    load_state,
+    resolve_state_file,
+    run_diff,
+)
 
 
 def parse_duration_option(value: str, flag: str) -> float:
@@ -110,9 +69,7 @@ class ReconcileGroup(click.Group):
         except Exception as exc:
             if os.environ.get("RECONCILE_DEBUG"):
                 raise
-            text = str(exc).replace("\n", " ")[:500]
-            click.echo(f"reconcile: internal error: {type(exc).__name__}: {text} "
-                       "(set RECONCILE_DEBUG=1 for the traceback)", err=True)
+            click.echo(internal_error(exc), err=True)
             code = EXIT_ERROR
         sys.exit(code if isinstance(code, int) else EXIT_OK)
 
@@ -233,45 +190,7 @@ def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) -> Non
 
     Exit 0: no drift; 2: drift; 1: error.
     """
-    from .pipeline.engine import Engine, Prefetch
-    from .views import render
-
-    prefetch = Prefetch()  # kinds observed in children start while the state is being built
-    state = load_state(resolve_state_file(file), prefetch, fmt)
-    report = Engine(state, prefetch.host, prefetch=prefetch).diff()
-    render(report, fmt, verbose=verbose)
-    if out_path:
-        _save_plan(report, out_path)
-    exit_now(report.exit_code)
-
-
-def exit_now(code: int) -> None:
-    """Exit without the interpreter's teardown, which frees every object of every module one by
-    one: about 20 ms of a `diff`. Nothing is lost by it here: our own files are written whole and
-    closed (atomic writes), observer children are reaped or abandoned on purpose, and only the
-    standard streams may hold buffered output."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (`| head`): nothing more can reach it
-            pass
-    os._exit(code)
-
-
-def _save_plan(report, out_path: str) -> None:
-    from .pipeline.contract import Status
-    from .pipeline.plans import write_plan
-    from .pipeline.report import to_json
-
-    if report.count(Status.ERROR):
-        # As Terraform: a plan made while part of the host could not be seen is not saved.
-        fail(f"no plan saved to {out_path}: {report.count(Status.ERROR)} resource(s) could not be observed")
-    try:
-        write_plan(to_json(report), report.state_file, out_path)
-    except OSError as exc:
-        fail(f"cannot write the plan {out_path}: {exc.strerror}")
-    click.echo(f"Saved the plan to {out_path}: `reconcile apply {out_path}` carries out exactly these actions.",
-               err=True)
+    run_diff(file, fmt, verbose, out_path)  # commands.py: the same call as __main__.py's, without click
 
 
 @main.command()

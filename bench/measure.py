@@ -42,6 +42,9 @@ class Bench(Scenario):
                      expect=[re.escape(VLLM)], rcs=[2]),
             self.job("shell floor", ["/bin/sh", str(self.work / "floor.sh")], expect=[rf"(?m)^{total}$"], rcs=[0]),
         ]
+        if self.args.compare:  # another build, interleaved with this one: a before/after in one run
+            jobs.insert(1, self.job("reconcile diff (compared build)", [self.args.compare, "diff", st],
+                                    expect=[re.escape(VLLM)], rcs=[2]))
         if not self.args.no_peers:
             penv = self.peer_env()
             jobs += [
@@ -65,13 +68,19 @@ class Bench(Scenario):
 
     def breakdown(self) -> None:
         """Where reconcile diff's time goes: the interpreter, the CLI alone, each kind alone."""
+        empty = self.work / "no-resources.yaml"
+        empty.write_text("version: 1\n")
         jobs = [self.job("python -c pass", [self.python, "-c", "pass"], rcs=[0]),
-                self.job("reconcile --version", [*self.rec, "--version"], rcs=[0])]
+                self.job("reconcile --version", [*self.rec, "--version"], rcs=[0]),
+                self.job("reconcile diff, no resources", [*self.rec, "diff", str(empty)], rcs=[0])]
         for kind in sorted(self.kinds):
             path = self.work / f"only-{kind}.yaml"
             path.write_text(self.state_yaml(kinds={kind}))
             jobs.append(self.job(f"reconcile diff, {kind} only", [*self.rec, "diff", str(path)], rcs=[0, 2]))
         jobs.append(self.job("reconcile diff, all kinds", [*self.rec, "diff", str(self.state)], rcs=[2]))
+        if self.args.compare:
+            jobs.append(self.job("reconcile diff, all kinds (compared build)", [self.args.compare, "diff",
+                                                                               str(self.state)], rcs=[2]))
         self.results["breakdown"] = self.run_jobs(jobs)
 
     def growth_units(self) -> None:
@@ -158,8 +167,11 @@ class Bench(Scenario):
     def importtime(self) -> None:
         """Where reconcile diff's start-up goes: `python -X importtime`, median of 5, warm caches."""
         runs = []
+        # As the console script starts it (no runpy); the observer children write no importtime
+        # (their stderr is /dev/null): these are the parent's imports.
+        script = "import sys; from reconcile_host.__main__ import main; sys.argv[0] = 'reconcile'; main()"
         for _ in range(5):
-            res = self.nsd.run([self.python, "-X", "importtime", "-m", "reconcile", "diff", str(self.state)],
+            res = self.nsd.run([self.python, "-X", "importtime", "-c", script, "diff", str(self.state)],
                                env=self.env, timeout=120)
             runs.append(parse_importtime(res.stderr))
         names = set().union(*runs)
@@ -206,6 +218,11 @@ class Bench(Scenario):
             cell = name.replace("|", "\\|")  # a pipe in a cell would end it
             lines.append(f"| {cell} | {t:.3f} | {median(r['rss_kib']) / 1024:.0f} | {t / base:.1f}× | "
                          f"{','.join(map(str, sorted(set(r['rcs']))))} |")
+        if "reconcile diff (compared build)" in seed and "shell floor" in seed:
+            floor = median(seed["shell floor"]["walls"])
+            other = median(seed["reconcile diff (compared build)"]["walls"])
+            lines += ["", f"Compared build (`{a.compare}`): {other:.3f} s, {other / floor:.1f}× the shell floor; "
+                      f"this tree: {base:.3f} s, {base / floor:.1f}×, in the same run."]
         if "apply" in self.results:
             r = self.results["apply"]["reconcile apply"]
             lines += ["", f"`reconcile apply` on the seed scenario (reset before each run: vLLM unit re-enabled and "
@@ -249,13 +266,17 @@ class Bench(Scenario):
             rows = [(n, v) for n, v in imp.items() if v["depth"] <= 2 and v["cumulative_us"] >= 2000]
             rows.sort(key=lambda nv: nv[1]["order"])
             total = sum(v["cumulative_us"] for v in imp.values() if v["depth"] == 0)
-            lines += ["", "## reconcile start-up: imports (`python -X importtime -m reconcile_host diff`, "
-                      "median of 5; "
+            lines += ["", "## reconcile start-up: imports (`python -X importtime`, `reconcile diff` as the console "
+                      "script runs it, the parent process, median of 5; "
                       f"all imports {total / 1000:.0f} ms; rows ≥ 2 ms, three levels)", "",
                       "| module | cumulative ms | self ms |", "| --- | ---: | ---: |"]
             for n, v in rows:
                 indent = "&nbsp;&nbsp;" * v["depth"]
                 lines.append(f"| {indent}{n} | {v['cumulative_us'] / 1000:.1f} | {v['self_us'] / 1000:.1f} |")
+            top = sorted(imp.items(), key=lambda nv: -nv[1]["self_us"])[:15]
+            lines += ["", "The largest self times (the module's own code: its classes, dataclasses, "
+                      "compiled expressions):", "", "| module | self ms |", "| --- | ---: |"]
+            lines += [f"| {n} | {v['self_us'] / 1000:.1f} |" for n, v in top]
         return "\n".join(lines) + "\n"
 
     def targets(self) -> list[tuple[bool, str]]:

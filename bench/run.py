@@ -64,6 +64,9 @@ def main() -> None:
     ap.add_argument("--fleet-compare", metavar="RECONCILE",
                     help="also time this reconcile console script (e.g. main's, installed in a venv of its own), "
                          "on the controller and on the targets alike: a before/after in one run")
+    ap.add_argument("--compare", metavar="RECONCILE",
+                    help="also time this reconcile console script (e.g. main's, in a venv of its own) in the seed "
+                         "audit and the per-kind table: a before/after in one run")
     ap.add_argument("--installed", action="store_true",
                     help="time the `reconcile` installed next to this interpreter instead of a fresh "
                          "`pip install .` of this tree in bench/.reconcile")
@@ -78,6 +81,10 @@ def main() -> None:
         a.files = [n for n in a.files if n <= SEED_TOTAL] or [SEED_TOTAL]
     a.ansible_runs = a.ansible_runs or a.runs
     a.fleet_runs = a.fleet_runs or (1 if a.quick else 3)
+    if a.compare:
+        a.compare = os.path.abspath(a.compare)
+        if not os.access(a.compare, os.X_OK):
+            sys.exit(f"bench: --compare {a.compare}: not an executable reconcile")
     if a.fleet_compare:
         a.fleet_compare = os.path.abspath(a.fleet_compare)
         if not os.access(a.fleet_compare, os.X_OK):

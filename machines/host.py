@@ -6,6 +6,7 @@ remote run or a prefix (`nsenter`, `pct exec`) changes one place.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -46,6 +47,24 @@ class ForkedChild:
         self.send_signal(signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int | None:
+        if self.poll() is not None:
+            return self.returncode
+        # A pidfd (Linux 5.3) is readable once the child has exited: no sleeping between polls,
+        # which a child that has just closed its pipe would otherwise cost (it exits a moment later).
+        try:
+            fd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # an older kernel, or it is already reaped
+            pass
+        else:
+            import select
+
+            try:
+                waiter = select.poll()
+                waiter.register(fd, select.POLLIN)
+                waiter.poll(None if timeout is None else max(0, int(timeout * 1000)))
+            finally:
+                os.close(fd)
+            return self.poll()
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.0005  # a child that has closed its pipe is exiting: the first polls are short
         while self.poll() is None:
@@ -185,6 +204,11 @@ class Host:
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns into the caller's code
+            # The objects shared with the parent are left to the parent: the child's collector never
+            # scans them (no copy-on-write of every page they sit on), and collects its own cycles,
+            # whatever the parent chose (commands.run_diff turns its collector off).
+            gc.freeze()
+            gc.enable()
             try:
                 null = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):

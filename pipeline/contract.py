@@ -49,6 +49,8 @@ class Resource:
 
 @dataclass(frozen=True)
 class Drift:
+    """One field that differs: what the state file wants, what the host has."""
+
     field: str
     want: Any
     have: Any
@@ -59,6 +61,8 @@ class Drift:
 
 @dataclass(frozen=True)
 class Action:
+    """One corrective step a plan proposes and apply carries out."""
+
     action: str  # verb: "stop", "disable", "terminate", "mount", "quarantine", "start"
     target: str  # what it acts on: a unit name, "pid 1234", a path
     description: str = ""  # one human line, e.g. "terminate 4242 (python) holding 75800 MiB on GPU 0"
@@ -91,6 +95,8 @@ class Plan:
 
 @dataclass(frozen=True)
 class ActionResult:
+    """An action and what came of it (planned, done, failed, skipped), with its times."""
+
     action: Action
     result: Result
     message: str = ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import pickle  # here, not where it is used: the observer children forked from this process inherit it
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -90,8 +91,6 @@ def observe_group(rec: Reconciler, host: Host, group: list[Resource]) -> dict[st
 
 def observe_to_pipe(rec: Reconciler, host: Host, group: list[Resource], out: Any) -> None:
     """In a forked child: observe one kind and write the pickled result."""
-    import pickle
-
     host.heartbeat_to = out  # this child's copy of the host: its heartbeats go to the parent
     try:
         payload = pickle.dumps(("observed", observe_group(rec, host, group)))
@@ -223,8 +222,6 @@ class Engine:
 
     def _collect(self, by_kind: Mapping[str, list[Resource]],
                  children: Mapping[str, tuple[ForkedChild, float]]) -> dict[str, Any]:
-        import pickle
-
         found: dict[str, Any] = {}
         seconds = {kind: self.reconciler(by_kind[kind][0]).observe_deadline(by_kind[kind]) or 0.0
                    for kind in children}

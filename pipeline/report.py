@@ -12,6 +12,8 @@ from .contract import ActionResult, Drift, Resource, Result, Status, to_plain
 
 @dataclass(frozen=True)
 class ResourceReport:
+    """One resource's outcome: its status, drift, actions and what was observed."""
+
     resource: Resource
     status: Status
     drift: tuple[Drift, ...] = ()
@@ -28,6 +30,8 @@ class ResourceReport:
 
 @dataclass(frozen=True)
 class RunReport:
+    """The outcome of one run (diff or apply) on one host, resource by resource."""
+
     command: str
     state_file: str
     host: str

@@ -382,3 +382,30 @@ def test_heartbeats_waiting_in_the_pipe_count_when_the_caller_comes_late():
     time.sleep(0.4)  # the caller is busy: the child's first deadline (0.2 s) passes unread
     [(said, finished)] = collect_children({"c": (child, time.monotonic() - 0.2)}, {"c": 0.3}).values()
     assert finished and said.lstrip(b".") == b"answer"
+
+
+def _answer_then_linger(seconds, out):
+    import time
+
+    out.write(b"answer")
+    out.close()  # EOF for the reader; the child is still there for a while
+    time.sleep(seconds)
+    os._exit(3)
+
+
+def test_a_child_is_reaped_as_it_exits_and_waited_for_no_longer_than_asked():
+    """ForkedChild.wait: the exit status once the child is gone (however long it stays after its
+    EOF), and None at the deadline for one that stays (a child stuck in D-state cannot be reaped)."""
+    import time
+
+    from reconcile_host.machines.host import Host as RealHost
+
+    child = RealHost().fork_call(_answer_then_linger, 0.3)
+    assert child.stdout.read() == b"answer"
+    assert child.wait(timeout=10) == 3
+    stuck = RealHost().fork_call(_answer_then_linger, 30)
+    t0 = time.monotonic()
+    assert stuck.wait(timeout=0.2) is None
+    assert time.monotonic() - t0 < 5
+    stuck.kill()
+    assert stuck.wait(timeout=10) == -9

@@ -15,14 +15,17 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...reconcilers import KINDS, key_of, reconciler_class, reconciler_for
 from ..contract import Reconciler, Resource
 from . import cache
 from .errors import StateFileError
-from .positions import Positions, check_size, decode, parse_yaml, read_bounded
 from .schema import JSON_TYPES, bundled_schema, message_for, schema_fingerprint, sha256, state_validator
+from .text import check_size, decode, read_bounded
+
+if TYPE_CHECKING:
+    from .positions import Positions
 
 __all__ = ["LoadedState", "StateFileError", "bundled_schema", "load", "order_resources", "validate_text"]
 
@@ -31,6 +34,8 @@ SUPPORTED_VERSIONS = (1,)
 
 @dataclass(frozen=True)
 class LoadedState:
+    """A validated state file: its document and its resources, in the order they are reconciled."""
+
     path: str
     version: int
     host: str | None
@@ -144,6 +149,8 @@ def _check_needs(resources: list[Resource], label: str, pos: Positions, paths: d
 
 def validate_text(text: str, label: str) -> dict[str, Any]:
     """Full validation with positions. Returns the plain document or raises StateFileError."""
+    from .positions import parse_yaml  # the parser: not needed when the validation cache holds the file
+
     data, pos = parse_yaml(text, label)
     if data is None:
         raise StateFileError([f"{label}:1:1: empty state file: expected a mapping starting with 'version: 1'"])

@@ -8,12 +8,14 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...reconcilers import KINDS
 from ..values import is_unit_name, parse_duration, parse_size, parse_size_or_percent
 from .errors import Position
-from .positions import Positions
+
+if TYPE_CHECKING:
+    from .positions import Positions
 
 try:  # the builtin SHA-256: `import hashlib` loads OpenSSL, ~10 ms of every start-up
     from _sha256 import sha256

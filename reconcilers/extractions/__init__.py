@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ...machines.host import Host
+    from .integrity import Verdict
 
 from ...pipeline.atomic import write_json
 from ...pipeline.contract import (
@@ -53,10 +54,8 @@ from ...pipeline.contract import (
     run_action,
 )
 from ...pipeline.values import format_duration, parse_duration
-from .integrity import CONTENT, GONE, STAT, STRUCTURE, UNREADABLE, Verdict, check_path
 from .job import START_TIMEOUT, JobObserved, observe_jobs, start_command
 from .listing import QUARANTINE, Listing, leaf_form, list_tree
-from .quarantine import quarantine
 from .ranges import contains, each, format_ranges, intersect, last, normalize, size, subtract, to_ranges
 from .records import STATE_FORMAT, CheckRecord, RecentFile, boot_id, load_json, state_dir
 
@@ -76,6 +75,8 @@ DEFAULT_OBSERVE_TIMEOUT = "60s"  # without progress; see ExtractionsReconciler.o
 
 @dataclass(frozen=True)
 class Damaged:
+    """A sample file found damaged or unreadable, and why."""
+
     path: str  # relative to the extraction's dir
     reason: str
     size: int
@@ -84,6 +85,8 @@ class Damaged:
 
 @dataclass(frozen=True)
 class ExtractionObserved:
+    """An extraction's progress, its damaged and missing files, and its job."""
+
     dir: str
     exists: bool
     total: int
@@ -206,15 +209,21 @@ class ExtractionsReconciler(Reconciler):
 
         # Phase 1: every file to check, at the depth its verify mode asks (recent: the
         # structure, except for the files the recent rule re-reads, whose content is read).
-        depth = {"all": CONTENT, "recent": STRUCTURE, "none": STAT}[verify]
         verdicts: list[tuple[int, str, Verdict]] = []
-        for idx in each(to_check):
-            for rel in listing.paths(idx):
-                if beat:
-                    beat()
-                v = check_path(os.path.join(root, rel), CONTENT if idx in reread else depth)
-                if v.state != GONE:  # GONE: vanished between the listing and the check
-                    verdicts.append((idx, rel, v))
+        if to_check:
+            # The file checks (and the archive readers under them) are imported only here: not with
+            # the kind (`diff` builds it in the parent), and not when every file is as last seen,
+            # the steady state. Everything below that names them runs only for these verdicts.
+            from .integrity import CONTENT, GONE, STAT, STRUCTURE, UNREADABLE, check_path
+
+            depth = {"all": CONTENT, "recent": STRUCTURE, "none": STAT}[verify]
+            for idx in each(to_check):
+                for rel in listing.paths(idx):
+                    if beat:
+                        beat()
+                    v = check_path(os.path.join(root, rel), CONTENT if idx in reread else depth)
+                    if v.state != GONE:  # GONE: vanished between the listing and the check
+                        verdicts.append((idx, rel, v))
         mtimes: dict[int, float] = {}  # index -> newest mtime of its files, for the files looked at
         for idx, _, v in verdicts:
             if v.st is not None:
@@ -390,6 +399,8 @@ class ExtractionsReconciler(Reconciler):
 
     def apply(self, host: Host, resource: Resource, action: Action) -> str:
         if action.action == "quarantine":
+            from .quarantine import quarantine
+
             return quarantine(resource, action.params.get("files", ()))
         if action.action == "start":
             resume = resource.spec["resume"]

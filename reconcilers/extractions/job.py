@@ -22,6 +22,8 @@ START_TIMEOUT = 120.0
 
 @dataclass(frozen=True)
 class JobObserved:
+    """The job that writes an extraction's files: how it is resumed, and whether it runs."""
+
     how: str  # "unit", "command" or "none" (no resume declared)
     target: str  # unit name or command line
     running: bool

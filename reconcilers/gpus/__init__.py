@@ -88,6 +88,35 @@ SMI_INIT_FAILURES = {"version mismatch": 18, "insufficient permissions": 4,
                      "couldn't communicate with the nvidia driver": 9, "driver not loaded": 9}
 
 
+class _Background:
+    """fn(*args) in a thread of its own; result() waits for it and returns what it returned, or
+    raises what it raised."""
+
+    def __init__(self, fn: Any, *args: Any):
+        import threading
+
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self._value = fn(*args)
+            except BaseException as exc:  # handed to the caller of result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 class GpusReconciler(Reconciler):
     key = "gpus"
     kind = "gpus"
@@ -137,20 +166,29 @@ class GpusReconciler(Reconciler):
 
     def _observe(self, host: Host, checks: Mapping[str, Any], settings: frozenset[str] = frozenset()) -> GpusObserved:
         notes: list[str] = []
+        # The kernel log is read (dmesg, maybe journalctl) while the driver is: the two wait on
+        # different programs and neither needs the other; the log is judged against the GPUs after.
+        kernel_log = _Background(read_kernel_log, host)
         try:
-            reading = nvml_observe(settings)
-            source, driver, cuda, gpus, uses = "nvml", reading.driver, reading.cuda, reading.gpus, reading.uses
-            notes.extend(reading.notes)
-        except NvmlUnavailable as nvml_error:
-            source = "nvidia-smi"
-            driver, cuda, gpus, uses = self._smi_observe(host, nvml_error, checks, settings)
-            notes.append(f"NVML unavailable ({nvml_error}): read through nvidia-smi")
-        holders = self._holders(uses, gpus)
+            try:
+                reading = nvml_observe(settings)
+                source, driver, cuda, gpus, uses = "nvml", reading.driver, reading.cuda, reading.gpus, reading.uses
+                notes.extend(reading.notes)
+            except NvmlUnavailable as nvml_error:
+                source = "nvidia-smi"
+                driver, cuda, gpus, uses = self._smi_observe(host, nvml_error, checks, settings)
+                notes.append(f"NVML unavailable ({nvml_error}): read through nvidia-smi")
+            holders = self._holders(uses, gpus)
+        except BaseException:
+            kernel_log.join()  # the GPUs could not be read: the log is not needed, its reader is waited for
+            raise
         events, log = (), None
         if gpus:
-            text, log = read_kernel_log(host)
+            text, log = kernel_log.result()
             events, last_init = parse_kernel_log(text, [g.bus_id for g in gpus if g.mig])
             log = replace(log, last_init=last_init)
+        else:
+            kernel_log.join()  # no GPU to judge: what it read is not needed
         gpus = [health.judge(g, events, log) for g in gpus]
         for g in gpus:
             notes.extend(f"GPU {g.index}: could not read {e}" for e in g.read_errors)

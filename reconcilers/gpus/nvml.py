@@ -53,6 +53,8 @@ class NvmlUnavailable(Exception):
 
 @dataclass
 class NvmlReading:
+    """What one NVML session read: the driver, the GPUs and the processes using them."""
+
     driver: str
     cuda: str | None
     gpus: list[Gpu]

@@ -21,6 +21,8 @@ class Signal:
 
 @dataclass(frozen=True)
 class MigInstance:
+    """One MIG instance of a GPU, with its own memory."""
+
     gpu_instance: int
     compute_instance: int | None
     memory_total: int | None  # bytes
@@ -63,6 +65,8 @@ class GpuSettings:
 
 @dataclass(frozen=True)
 class Gpu:
+    """One GPU as the driver reports it, and the health judged from it."""
+
     index: int
     name: str
     uuid: str
@@ -111,6 +115,8 @@ class Gpu:
 
 @dataclass(frozen=True)
 class GpuUse:
+    """A process's use of one GPU (or one MIG instance of it)."""
+
     gpu: int  # NVML index
     used_bytes: int | None  # None: not reported (a device-file holder, NVML_VALUE_NOT_AVAILABLE, [N/A])
     gpu_instance: int | None = None  # MIG GPU instance the process runs in
@@ -161,6 +167,8 @@ class KernelEvent:
 
 @dataclass(frozen=True)
 class KernelLog:
+    """Where the kernel log was read from, and whether all of this boot's was."""
+
     source: str  # "dmesg", "journalctl -k -b", a file (RECONCILE_KERNEL_LOG); "" when not read
     readable: bool = True
     complete: bool = True  # False: it does not reach back to boot (ring buffer rotated)
@@ -170,6 +178,8 @@ class KernelLog:
 
 @dataclass(frozen=True)
 class GpusObserved:
+    """The host's GPUs, who holds them, and the driver's messages about them."""
+
     source: str  # "nvml" or "nvidia-smi"
     driver_version: str
     gpus: tuple[Gpu, ...]

@@ -37,9 +37,10 @@ _BDF = r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})\.[0-7]"
 _FALLEN_RES = (re.compile(r"NVRM: GPU " + _BDF + r": GPU has fallen off the bus"),
                re.compile(r"NVRM: GPU at (?:PCI:)?" + _BDF + r" has fallen off the bus"))
 _PROBE_GPU_RE = re.compile(r"NVRM: The NVIDIA GPU " + _BDF)
-_LOAD_RE = re.compile(r"NVRM: loading NVIDIA UNIX")
+_LOAD = "NVRM: loading NVIDIA UNIX"  # a driver load: a fixed string
 _BOOT_RE = re.compile(r"\bLinux version \d")
-_RESET_RE = re.compile(r"\bGPU " + _BDF + r" was successfully reset")
+_RESET = " was successfully reset"
+_RESET_RE = re.compile(r"\bGPU " + _BDF + _RESET)
 _PIDNAME_RE = re.compile(r"^pid=('[^']*'|[^,]*),\s*(name=[^,]*,\s*)?")
 _WHEN_RES = (re.compile(r"\[\s*\d+\.\d+\]"),  # dmesg: seconds since boot
              re.compile(r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"),  # dmesg -T
@@ -83,10 +84,12 @@ def parse_kernel_log(text: str, mig_pcis: Iterable[str] = ()) -> tuple[tuple[Ker
     probe_pci: str | None = None  # "The NVIDIA GPU <bdf>" waiting for its "fallen off the bus" line
     probe_left = 0
     for n, line in enumerate(text.splitlines()):
-        if _BOOT_RE.search(line) or _LOAD_RE.search(line):
+        # A regular expression is tried only on a line holding its fixed words: a kernel log is
+        # mostly other lines, and this runs on every observe (a 1 MiB ring buffer: ~10k lines).
+        if ("Linux version " in line and _BOOT_RE.search(line)) or _LOAD in line:
             init_all, last_init = n, line.strip()
             continue
-        m = _RESET_RE.search(line)
+        m = _RESET_RE.search(line) if _RESET in line else None
         if m:
             init_gpu[pci_key(m.group(1))] = n
             continue

@@ -37,6 +37,8 @@ class MountInfo:
 
 @dataclass(frozen=True)
 class FstabEntry:
+    """One line of /etc/fstab (see fstab(5))."""
+
     source: str
     mount_point: str  # as written (unescaped): libmount compares it as a path, see tables.find_fstab
     fstype: str
@@ -49,6 +51,8 @@ class FstabEntry:
 
 @dataclass(frozen=True)
 class ResolvedSource:
+    """A mount source as written, and the device it names."""
+
     given: str  # as written: /dev/nvme1n1, UUID=..., LABEL=..., tmpfs, server:/export
     path: str | None  # the device it names (symlinks resolved), the text itself for non-devices
     devno: str | None  # major:minor when it is a block device
@@ -57,6 +61,8 @@ class ResolvedSource:
 
 @dataclass(frozen=True)
 class Space:
+    """Size and free space of a mounted filesystem (statvfs(3))."""
+
     total_bytes: int  # f_blocks * f_frsize
     free_bytes: int  # f_bavail * f_frsize: what df calls Avail (without root-reserved blocks)
     total_inodes: int  # f_files (0: the filesystem has no fixed inode count)
@@ -65,6 +71,8 @@ class Space:
 
 @dataclass(frozen=True)
 class MountObserved:
+    """A declared mount point as the kernel shows it, with its fstab line and free space."""
+
     path: str  # as declared (slashes normalised)
     mount: MountInfo | None  # the mount visible at the path (the kernel's mount id), None when not mounted
     fstab: FstabEntry | None  # the line `mount --target PATH` would use

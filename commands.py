@@ -1,0 +1,209 @@
+"""The steps the commands share, without click, and `reconcile diff` itself.
+
+`reconcile diff FILE` is the audit a CI job, a post-merge hook or an operator runs again and
+again, where start-up is most of its time: click's import is a tenth of it. So __main__.py
+reads the plain forms of `diff` itself (`read_plain_diff`: FILE, --format, -v, nothing else)
+and calls `run_diff` here without importing click; every other command line goes to click
+(cli.py), whose `diff` calls the same `run_diff`. tests/test_fast_diff.py holds the reader
+equal to click's parser, and both doors' output, exit code and errors equal.
+
+Messages go out through click.echo, imported when there is one to print (an error), so they
+leave as they did when everything went through click.
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+EXIT_OK, EXIT_ERROR, EXIT_DRIFT = 0, 1, 2
+STATE_LABEL = "reconcile.state_label"  # click context meta key, set by --state-label
+FORMAT_CHOICES = ("text", "json", "junit", "prometheus")  # cli.FORMATS
+# click's shell completion is asked for through this variable (click's `_{PROG}_COMPLETE`).
+COMPLETE_VAR = "_RECONCILE_COMPLETE"
+
+
+def echo_err(message: str) -> None:
+    import click  # only where there is something to say: the hot path says nothing on stderr
+
+    click.echo(message, err=True)
+
+
+def fail(message: str) -> None:
+    echo_err(f"reconcile: error: {message}")
+    sys.exit(EXIT_ERROR)
+
+
+def resolve_state_file(given: str | None) -> str:
+    """FILE, else $RECONCILE_STATE, else states/<short hostname>.yaml, else ./state.yaml."""
+    if given:
+        return given
+    tried = []
+    env = os.environ.get("RECONCILE_STATE")
+    if env:
+        return env
+    tried.append("$RECONCILE_STATE (unset)")
+    short = os.uname().nodename.split(".", 1)[0]
+    for candidate in (f"states/{short}.yaml", "state.yaml"):
+        if os.path.isfile(candidate):
+            return candidate
+        tried.append(candidate)
+    fail(f"no state file given and none found; tried {', '.join(tried)}")
+    raise AssertionError  # unreachable
+
+
+def load_state(path: str, prefetch=None, fmt: str = "text", command: str = "diff", dry_run: bool = False):
+    """Load and validate FILE; `-` reads the state from stdin (as a remote target does), shown in
+    messages as --state-label NAME (default `<stdin>`), so errors point into the user's own file.
+    `prefetch` (engine.Prefetch) starts observing kinds as they are built. A bad state file is one
+    line per problem on stderr, and for --format json/junit also an error report on stdout (CI
+    stores it: never a 0-byte report)."""
+    from .pipeline.statefile import StateFileError, load
+    from .pipeline.statefile.text import LIMITS
+
+    label = path
+    try:
+        if path == "-":
+            import click  # `-` is read through click's door only (read_plain_diff leaves it to click)
+
+            ctx = click.get_current_context(silent=True)
+            label = (ctx.meta.get(STATE_LABEL) if ctx else None) or "<stdin>"
+            # One byte past the limit at most: `reconcile diff - < /dev/zero` is an error, not a MemoryError.
+            return load(label, text=sys.stdin.buffer.read(LIMITS.max_bytes + 1), on_kind=prefetch)
+        return load(path, on_kind=prefetch)
+    except StateFileError as exc:
+        for problem in exc.problems:
+            echo_err(problem)
+        if fmt != "text":
+            from .pipeline.report import error_report
+            from .views import render
+
+            render(error_report(command, label, exc.problems, dry_run=dry_run), fmt)
+        exit_now(EXIT_ERROR)
+
+
+def exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown, which frees every object of every module one by
+    one: about 20 ms of a `diff`. Nothing is lost by it here: our own files are written whole and
+    closed (atomic writes), observer children are reaped or abandoned on purpose, and only the
+    standard streams may hold buffered output."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`): nothing more can reach it
+            pass
+    os._exit(code)
+
+
+def run_diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) -> None:
+    """`reconcile diff`, once its flags are known; leaves through exit_now."""
+    # One short run that leaves through os._exit: the cyclic collector would only walk every
+    # module's objects again and again while they are imported (and the forked observers'
+    # copies of the pages they sit on). Reference counting still frees what is dropped.
+    gc.disable()
+    from .pipeline.engine import Engine, Prefetch
+    from .views import render
+
+    prefetch = Prefetch()  # kinds observed in children start while the state is being built
+    state = load_state(resolve_state_file(file), prefetch, fmt)
+    report = Engine(state, prefetch.host, prefetch=prefetch).diff()
+    render(report, fmt, verbose=verbose)
+    if out_path:
+        save_plan(report, out_path)
+    exit_now(report.exit_code)
+
+
+def save_plan(report, out_path: str) -> None:
+    from .pipeline.contract import Status
+    from .pipeline.plans import write_plan
+    from .pipeline.report import to_json
+
+    if report.count(Status.ERROR):
+        # As Terraform: a plan made while part of the host could not be seen is not saved.
+        fail(f"no plan saved to {out_path}: {report.count(Status.ERROR)} resource(s) could not be observed")
+    try:
+        write_plan(to_json(report), report.state_file, out_path)
+    except OSError as exc:
+        fail(f"cannot write the plan {out_path}: {exc.strerror}")
+    echo_err(f"Saved the plan to {out_path}: `reconcile apply {out_path}` carries out exactly these actions.")
+
+
+def internal_error(exc: BaseException) -> str:
+    """The one line for an exception that escaped a command (a bug)."""
+    text = str(exc).replace("\n", " ")[:500]
+    return (f"reconcile: internal error: {type(exc).__name__}: {text} "
+            "(set RECONCILE_DEBUG=1 for the traceback)")
+
+
+# --- `diff` without click ----------------------------------------------------------------
+
+
+def read_plain_diff(args: Sequence[str], environ: Mapping[str, str]) -> dict[str, Any] | None:
+    """The arguments after `diff`, when they are only a FILE, `--format FORMAT` (or
+    `--format=FORMAT`) and `-v`/`--verbose`, in any order, each option at most once: run_diff's
+    arguments, as click's parser gives them for the same words. None for anything else
+    (`-`, `--`, --help, --out, remote options, a mistake): click reads those."""
+    if COMPLETE_VAR in environ:
+        return None
+    file: str | None = None
+    fmt: str | None = None
+    verbose = False
+    words = iter(args)
+    for word in words:
+        if word in ("-v", "--verbose") and not verbose:
+            verbose = True
+        elif word == "--format" and fmt is None:
+            fmt = next(words, None)
+            if fmt not in FORMAT_CHOICES:
+                return None
+        elif word.startswith("--format=") and fmt is None:
+            fmt = word[len("--format="):]
+            if fmt not in FORMAT_CHOICES:
+                return None
+        elif word and not word.startswith("-") and file is None:
+            file = word
+        else:
+            return None
+    return {"file": file, "fmt": fmt or "text", "verbose": verbose, "out_path": None}
+
+
+class _QuietOnBrokenPipe:
+    """A standard stream whose flush ignores a reader that went away (click's _PacifyFlushWrapper)."""
+
+    def __init__(self, stream: Any):
+        self.wrapped = stream
+
+    def flush(self) -> None:
+        try:
+            self.wrapped.flush()
+        except OSError as exc:
+            if exc.errno != errno.EPIPE:
+                raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+
+def diff_without_click(args: dict[str, Any]) -> None:
+    """run_diff with what escapes it handled as cli.ReconcileGroup.main (through click's own
+    main) handles it: an interrupt is `error: interrupted`, a reader that closed the pipe exits
+    1 quietly, a bug is one line (RECONCILE_DEBUG=1: the traceback)."""
+    try:
+        run_diff(**args)
+    except (EOFError, KeyboardInterrupt):
+        echo_err("")  # click ends the terminal's ^C line first
+        echo_err("reconcile: error: interrupted")
+        sys.exit(EXIT_ERROR)
+    except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.EPIPE:
+            sys.stdout = _QuietOnBrokenPipe(sys.stdout)
+            sys.stderr = _QuietOnBrokenPipe(sys.stderr)
+            sys.exit(EXIT_ERROR)
+        if os.environ.get("RECONCILE_DEBUG"):
+            raise
+        echo_err(internal_error(exc))
+        sys.exit(EXIT_ERROR)

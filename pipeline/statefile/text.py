@@ -1,0 +1,77 @@
+"""A state file's bytes: read with a bound, decoded as UTF-8, and positions of characters
+counted as YAML parsers count them. What `load` needs before it knows whether the validation
+cache holds the file: positions.py (the parser) is imported only when the text is parsed."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import Position, StateFileError
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one state file (or inventory) may hold; each violation is one line with a position."""
+
+    max_bytes: int = 4 * 2**20           # 10,000 units are about 0.6 MiB
+    max_depth: int = 64                  # a state file nests 5 deep
+    max_nodes: int = 500_000             # scalars and collections, counted after alias expansion
+    max_collection_aliases: int = 50     # SnakeYAML's maxAliasesForCollections default
+    # YAML 1.2 limits implicit keys to 1,024 characters; a mount point may be up to PATH_MAX
+    # (4,096 bytes with its NUL), and is a key here: that is the limit.
+    max_key_chars: int = 4095
+    max_int_digits: int = 19             # 2**63 has 19 digits; Python's int() refuses > 4300
+
+
+LIMITS = Limits()
+
+
+_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")  # what YAML parsers count as a line break
+
+
+def line_col(text: str, index: int) -> Position:
+    """1-based line and column of character `index`, counting line breaks as YAML parsers do."""
+    line, start = 1, 0
+    for m in _BREAK.finditer(text, 0, index):
+        line, start = line + 1, m.end()
+    return line, index - start + 1
+
+
+def byte_line_col(raw: bytes, index: int) -> Position:
+    """line_col for a byte offset of (possibly not quite UTF-8) bytes."""
+    prefix = raw[:index].decode("utf-8", errors="replace")
+    return line_col(prefix, len(prefix))
+
+
+def check_size(raw: bytes, label: str, limits: Limits = LIMITS) -> None:
+    if len(raw) > limits.max_bytes:
+        line, col = byte_line_col(raw, limits.max_bytes)
+        raise StateFileError([f"{label}:{line}:{col}: file too large: more than {limits.max_bytes} bytes "
+                              f"({limits.max_bytes // 2**20} MiB), the limit of a state file; stopped reading here"])
+
+
+def read_bounded(path: str, label: str, limits: Limits = LIMITS) -> bytes:
+    """A file's bytes, reading at most one byte past the limit (so /dev/zero or a FIFO that never
+    ends cannot exhaust memory); StateFileError with a position for what cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(limits.max_bytes + 1)
+    except FileNotFoundError:
+        raise StateFileError([f"{label}:1:1: no such file"]) from None
+    except IsADirectoryError:
+        raise StateFileError([f"{label}:1:1: is a directory, not a state file"]) from None
+    except OSError as exc:
+        raise StateFileError([f"{label}:1:1: cannot read: {exc.strerror or exc}"]) from None
+    check_size(raw, label, limits)
+    return raw
+
+
+def decode(raw: bytes, label: str) -> str:
+    """UTF-8 (a leading byte-order mark is dropped), or one line saying where it is not."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, col = byte_line_col(raw, exc.start)
+        raise StateFileError([f"{label}:{line}:{col}: not UTF-8 text (byte 0x{raw[exc.start]:02x})"]) from None
+    return text[1:] if text.startswith("\ufeff") else text
