@@ -233,10 +233,12 @@ def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) -> Non
 
     Exit 0: no drift; 2: drift; 1: error.
     """
+    from .machines.host import Host
     from .pipeline.engine import Engine, Prefetch
     from .views import render
+    from .views.progress import attach
 
-    prefetch = Prefetch()  # kinds observed in children start while the state is being built
+    prefetch = Prefetch(attach(Host(), fmt))  # kinds observed in children start while the state is built
     state = load_state(resolve_state_file(file), prefetch, fmt)
     report = Engine(state, prefetch.host, prefetch=prefetch).diff()
     render(report, fmt, verbose=verbose)
@@ -313,7 +315,11 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
         sys.exit(report.exit_code)
     # Observing may start while the state is built only when nothing will be changed: apply
     # proper observes after taking its lock, so it never acts on what another apply changed.
-    prefetch = Prefetch() if dry_run else None
+    from .machines.host import Host
+    from .views.progress import attach
+
+    host = attach(Host(), fmt)  # the progress line on a terminal (views/progress.py)
+    prefetch = Prefetch(host) if dry_run else None
     state = load_state(path, prefetch, fmt, "apply", dry_run)
     if prefetch is not None:
         report = Engine(state, prefetch.host, prefetch=prefetch).diff(command="apply")
@@ -327,7 +333,7 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     except LockError as exc:
         fail(str(exc))
     try:
-        report = Engine(state, journal=journal).apply()
+        report = Engine(state, host, journal=journal).apply()
     except HostMismatch as exc:
         fail(str(exc))
     finally:
