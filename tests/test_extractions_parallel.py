@@ -249,3 +249,25 @@ def test_tally_keeps_few_files_one_by_one(tmp_path, tree):
     newest = max(h.v.st.st_mtime_ns for h in part.held) / 1e9
     part = check.indices((100, 399), lambda n: None, newest + 400)  # a newer file was seen before
     assert part.held == [] and part.good == [(100, 399)] and part.checked == 300
+
+
+def test_files_in_is_paths_for_every_index():
+    """Listing.files_in (the check's walk over a run of indices) gives what paths() gives."""
+    import random
+
+    from reconcile_host.reconcilers.extractions.listing import Leaf, LeafForm, Listing
+    from reconcile_host.reconcilers.extractions.ranges import to_ranges
+
+    rng = random.Random(1)
+    form = LeafForm("data_", ".ckpt", True)
+    for _ in range(300):
+        leaves = []
+        for n in range(rng.randrange(1, 5)):
+            plain = {rng.randrange(0, 60) for _ in range(rng.randrange(0, 30))}
+            gz = {rng.randrange(0, 60) for _ in range(rng.randrange(0, 10))}
+            named = [(rng.randrange(0, 60), f"data_0{rng.randrange(0, 60)}.ckpt") for _ in range(rng.randrange(0, 4))]
+            leaves.append(Leaf(f"rows_{n}/", to_ranges(plain), to_ranges(gz), named))
+        listing = Listing(leaves, form)
+        lo = rng.randrange(0, 60)
+        hi = rng.randrange(lo, 70)
+        assert list(listing.files_in(lo, hi)) == [(i, listing.paths(i)) for i in range(lo, hi + 1)]

@@ -41,6 +41,7 @@ NEAR = 64  # bytes read on either side of a small read elsewhere in the file (se
 # O_NONBLOCK: a FIFO with the sample's name must not hang the check (no effect on files).
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 _SPARE: list[bytearray] = []  # read buffers, reused (list.pop and append are atomic: threads may share it)
+_new = tuple.__new__  # a NamedTuple made without its Python-level __new__ (the structural check's hot path)
 ZERO_PAGE = bytes(PAGE)
 # A zero page counts where at least this much of it is float data (a page across an integer
 # tensor and a float one); 1 KiB is 512 bf16 values, none of which a hidden state has exactly 0.
@@ -79,18 +80,19 @@ class FileSource:
     header) takes a little on either side (the data descriptor before it), so each range costs
     one system call."""
 
+    __slots__ = ("fd", "size", "head", "tail", "tail_at", "_near")
+
     def __init__(self, fd: int, size: int):
         self.fd, self.size = fd, size
-        self.whole: bytes | None = None  # all of the file's bytes, when read at once
+        # head: the file's first bytes; tail: its last ones, from tail_at (torchzip reads these
+        # directly, without a call per range)
         if size <= 2 * PAGE:
-            self._head = self._tail = self._pread(0, size)
-            self._tail_at = 0
-            if len(self._head) == size:
-                self.whole = self._head
+            self.head = self.tail = self._pread(0, size)
+            self.tail_at = 0
         else:
-            self._head = self._pread(0, PAGE)
-            self._tail_at = size - PAGE
-            self._tail = self._pread(self._tail_at, PAGE)
+            self.head = self._pread(0, PAGE)
+            self.tail_at = size - PAGE
+            self.tail = self._pread(self.tail_at, PAGE)
         self._near: list[tuple[int, bytes]] = []
 
     def _pread(self, offset: int, n: int) -> bytes:
@@ -106,10 +108,10 @@ class FileSource:
         end = min(offset + n, self.size)
         if end <= offset:
             return b""
-        if offset >= self._tail_at:  # (fewer bytes if the file shrank since it was opened)
-            return self._tail[offset - self._tail_at:end - self._tail_at]
-        if end <= len(self._head):
-            return self._head[offset:end]
+        if offset >= self.tail_at:  # (fewer bytes if the file shrank since it was opened)
+            return self.tail[offset - self.tail_at:end - self.tail_at]
+        if end <= len(self.head):
+            return self.head[offset:end]
         for at, buf in self._near:
             if at <= offset and end <= at + len(buf):
                 return buf[offset - at:end - at]
@@ -233,7 +235,7 @@ def _check(fd: int, st: os.stat_result, kind: str, depth: str) -> Verdict:
     content = depth == CONTENT
     if kind == "zip":
         result, _ = check_torch_zip(FileSource(fd, size), content)
-        return Verdict(WHOLE, depth=depth, st=st, no_crc=result.no_crc, trailing=result.trailing)
+        return _new(Verdict, (WHOLE, "", depth, st, result.no_crc, False, result.trailing))  # (hot path)
     if kind == "safetensors":
         check_safetensors(FileSource(fd, size), content)
         return Verdict(WHOLE, depth=depth, st=st)

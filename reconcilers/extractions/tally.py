@@ -19,12 +19,13 @@ one (tests/test_extractions_parallel.py holds them equal on a tree with damaged 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from .integrity import CONTENT, GONE, STRUCTURE, Verdict, check_path
-from .pool import map_forked, worker_count
-from .ranges import normalize, runs, size, to_ranges
+from .pool import TICK_EVERY, map_forked, worker_count
+from .ranges import normalize, size, to_ranges
 
 if TYPE_CHECKING:
     from .listing import Listing
@@ -84,57 +85,69 @@ class Check:
         newest modification time known so far (of the files checked before): a file within
         RECENT_WINDOW of neither it nor this run's newest cannot be recent, and is added up."""
         lo, hi = span
-        files_of, reread, depth = self.listing.paths, self.reread, self.depth
+        reread, depth, check = self.reread, self.depth, self._check
+        old_before = None if since is None else since - RECENT_WINDOW
         dirs: dict[str, int | None] = {}
-        found: list[tuple[int, list[Held], float | None]] = []
+        pending: list[tuple[int, list[tuple[int, str, Verdict]], float | None]] = []
         newest: float | None = None
-        try:
-            for idx in range(lo, hi + 1):
-                mine: list[Held] = []
-                top = None
-                d = CONTENT if idx in reread else depth
-                for k, rel in enumerate(files_of(idx)):
-                    v = self._check(rel, d, dirs)
-                    if v.state == GONE:  # vanished between the listing and the check
-                        continue
-                    mine.append(Held(idx, k, rel, v))
-                    if v.st is not None:
-                        t = v.st.st_mtime_ns / 1e9
-                        top = max(0.0 if top is None else top, t)
-                tick(1)
-                if mine:
-                    found.append((idx, mine, top))
-                    if top is not None and (newest is None or top > newest):
-                        newest = top
-        finally:
-            for fd in dirs.values():
-                if fd is not None:
-                    os.close(fd)
         good: list[int] = []
         gz: list[int] = []
         no_crc: list[int] = []
         held: list[Held] = []
         checked = content = 0
+        try:
+            for idx, rels in self.listing.files_in(lo, hi):
+                d = CONTENT if idx in reread else depth
+                mine = []
+                top = None
+                for k, rel in enumerate(rels):
+                    v = check(rel, d, dirs)
+                    if v.state == GONE:  # vanished between the listing and the check
+                        continue
+                    mine.append((k, rel, v))
+                    if v.st is not None:
+                        t = v.st.st_mtime_ns / 1e9
+                        top = max(0.0 if top is None else top, t)
+                tick(1)
+                if not mine:
+                    continue
+                if top is not None and (newest is None or top > newest):
+                    newest = top
+                if old_before is None or top is None or top >= old_before:
+                    pending.append((idx, mine, top))  # may be recent: decided at the end of the run
+                    continue
+                for k, rel, v in mine:  # (inline: this is the path of nearly every file)
+                    if not v.whole:
+                        held.append(Held(idx, k, rel, v))
+                        continue
+                    checked += 1
+                    content += v.depth == CONTENT
+                    if not good or good[-1] != idx:
+                        good.append(idx)
+                    if v.gz_shallow and (not gz or gz[-1] != idx):
+                        gz.append(idx)
+                    if v.no_crc and (not no_crc or no_crc[-1] != idx):
+                        no_crc.append(idx)
+        finally:
+            for fd in dirs.values():
+                if fd is not None:
+                    os.close(fd)
         top_known = newest if since is None or (newest is not None and newest > since) else since
         recent_from = None if top_known is None else top_known - RECENT_WINDOW
-        for idx, mine, top in found:
-            if recent_from is not None and top is not None and top >= recent_from:
-                held += mine  # may be recent: judged once the newest of the tree is known
-                continue
-            for h in mine:
-                v = h.v
-                if not v.whole:
-                    held.append(h)
+        for idx, mine, top in pending:
+            keep = recent_from is not None and top is not None and top >= recent_from
+            for k, rel, v in mine:
+                if keep or not v.whole:
+                    held.append(Held(idx, k, rel, v))
                     continue
                 checked += 1
                 content += v.depth == CONTENT
-                if not good or good[-1] != idx:
-                    good.append(idx)
-                if v.gz_shallow and (not gz or gz[-1] != idx):
+                good.append(idx)
+                if v.gz_shallow:
                     gz.append(idx)
-                if v.no_crc and (not no_crc or no_crc[-1] != idx):
+                if v.no_crc:
                     no_crc.append(idx)
-        return Part(runs(good), runs(gz), runs(no_crc), checked, content, newest, held)
+        return Part(to_ranges(good), to_ranges(gz), to_ranges(no_crc), checked, content, newest, held)
 
     def _check(self, rel: str, depth: str, dirs: dict[str, int | None]) -> Verdict:
         """check_path, opening the file relative to its directory, kept open for the task."""
@@ -172,11 +185,14 @@ def run(check: Check, to_check: list[tuple[int, int]], recent_pass: bool, known:
     Check.indices), which keeps the files held one by one to about a window's worth."""
     total = size(to_check)
     spans = _spans(to_check, max(64, min(CHUNK, total // 64)))[::-1]  # >= 64 tasks where there are enough
-    done = [0]
+    done = [0, 0.0]  # files done, when on_tick was last called
 
     def tick1(n: int) -> None:
         done[0] += n
-        on_tick("checking", done[0], total)
+        now = time.monotonic()
+        if now - done[1] >= TICK_EVERY or done[0] == total:
+            done[1] = now
+            on_tick("checking", done[0], total)
 
     acc = _Sum(known)
     workers = worker_count(check.root, len(spans)) if total >= POOL_MIN_INDICES else 1

@@ -39,6 +39,9 @@ ZIP64_EOCD = struct.Struct("<4sQHHIIQQQQ")  # 56 bytes
 ZIP64_LOCATOR = struct.Struct("<4sIQI")  # 20 bytes
 CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")  # 46 bytes
 LOCAL = struct.Struct("<4sHHHHHIIIHH")  # 30 bytes
+# The fields of CENTRAL the check uses: flags, method, CRC, sizes, name/extra/comment lengths,
+# disk, external attributes, local header offset (the signature is compared on its own).
+_CENTRAL_USED = struct.Struct("<8xHH4xIIIHHHH2xII")
 # miniz: the end record is searched for in the last UINT16_MAX + its size bytes, 4 KiB at a
 # time, each read overlapping the previous by 3 bytes.
 SEARCH_BACK = 0xFFFF + EOCD.size
@@ -161,7 +164,7 @@ def read_directory(src: Source) -> Directory:
         raise ZipDamage("the ZIP archive holds no entries")
     cd = tail[cd_ofs - base:cd_ofs - base + cd_size] if cd_ofs >= base else src.read_at(cd_ofs, cd_size)
     entries = _central_entries(cd, n_total, disk, size)
-    return Directory(entries, eocd, max(0, size - eocd - EOCD.size - comment), cd_ofs)
+    return _new(Directory, (entries, eocd, max(0, size - eocd - EOCD.size - comment), cd_ofs))
 
 
 def _first_window(tail: bytes, base: int, size: int) -> int | None:
@@ -174,12 +177,11 @@ def _first_window(tail: bytes, base: int, size: int) -> int | None:
 def _central_entries(cd: bytes, count: int, this_disk: int, size: int) -> list[Entry]:
     out: list[Entry] = []
     pos = 0
-    unpack, fixed, n_cd, new = CENTRAL.unpack_from, CENTRAL.size, len(cd), tuple.__new__
+    unpack, fixed, n_cd, new = _CENTRAL_USED.unpack_from, CENTRAL.size, len(cd), tuple.__new__
     for _ in range(count):
         if n_cd - pos < fixed or not cd.startswith(CENTRAL_SIG, pos):
             raise ZipDamage(f"ZIP central directory entry {len(out)} is damaged (no signature)")
-        (_, _, _, flags, method, _, _, crc, csize, usize, n_name, n_extra, n_comment, disk_start, _, ext_attr,
-         header) = unpack(cd, pos)
+        flags, method, crc, csize, usize, n_name, n_extra, n_comment, disk_start, ext_attr, header = unpack(cd, pos)
         name_at = pos + fixed
         pos = name_at + n_name + n_extra + n_comment
         if pos > n_cd:
@@ -268,19 +270,21 @@ class Layout(NamedTuple):
     starts: dict[bytes, int]
     local_names: dict[bytes, int]  # each local header's name length
     records: dict[bytes, Entry]
+    no_crc: bool  # every non-empty entry has CRC 0: written with CRCs off
 
     def record(self, name: str) -> Entry | None:
         return self.records.get(name.encode().lower())
 
 
-_AT_OPEN = tuple(n.encode() for n in READ_AT_OPEN)
+_AT_OPEN = frozenset(n.encode() for n in READ_AT_OPEN)
 
 
 def read_layout(src: Source, on_disk: bool = True) -> Layout:
     """The structural check: the first bytes, the end record, the central directory, every
     local header, the records torch reads at open, and for data.pkl and every storage
     (`data/...`) that torch would read their bytes from the right place. Reads the tail and
-    each local header once; the pickle is not read (check_torch_zip does, with the content)."""
+    each local header once; the pickle is not read (check_torch_zip does, with the content).
+    (One pass over the entries, and few calls: it runs for every file of a first check.)"""
     if src.read_at(0, 4) != LOCAL_SIG:  # torch.load's _is_zipfile; otherwise it tries the legacy format
         head = src.read_at(0, PAGE)
         if head == bytes(len(head)):
@@ -294,8 +298,15 @@ def read_layout(src: Source, on_disk: bool = True) -> Layout:
     prefix = first[:slash + 1]
     cut = slash + 1
     records: dict[bytes, Entry] = {}
+    starts: dict[bytes, int] = {}
+    local_names: dict[bytes, int] = {}
+    # A FileSource's first and last bytes, read directly (no call per local header)
+    head, tail, tail_at = getattr(src, "head", b""), getattr(src, "tail", b""), getattr(src, "tail_at", 1 << 62)
+    n_head, tail_end = len(head) - LOCAL.size, tail_at + len(tail) - LOCAL.size
+    unpack = _NAME_EXTRA.unpack_from
+    has_data = has_crc = False
     for e in d.entries:
-        name = e.name
+        name, flags, _, crc, _, usize, header, ext_attr = e
         if not name.isascii():
             try:
                 name.decode("utf-8")  # torch.load lists the records as str
@@ -303,28 +314,49 @@ def read_layout(src: Source, on_disk: bool = True) -> Layout:
                 raise ZipDamage(f"entry name {_label(name)!r} is not UTF-8") from None
         if not name.startswith(prefix):
             raise ZipDamage(f"entry {_label(name)} is not in the archive's folder {_label(prefix)}")
-        if e.flags & REFUSED_FLAGS:
-            raise ZipDamage(f"entry {_label(name)} is marked encrypted or patched (flags {e.flags:#06x})")
-        if name.endswith(b"/") or e.ext_attr & 0x10:  # mz_zip_reader_is_file_a_directory
+        if flags & REFUSED_FLAGS:
+            raise ZipDamage(f"entry {_label(name)} is marked encrypted or patched (flags {flags:#06x})")
+        if ext_attr & 0x10 or name.endswith(b"/"):  # mz_zip_reader_is_file_a_directory
             # (miniz extracts nothing from one; torch never reads `.format_version` or
             # `.data/serialization_id` at load, so there the flag only shows the bytes changed)
             raise ZipDamage(f"entry {_label(name)} is marked as a directory: torch would read nothing from it, and "
                             "its bytes are not what was written")
         if records.setdefault(name[cut:].lower(), e) is not e:
             raise ZipDamage(f"entry {_label(name)} is in the archive twice")
-    starts, local_names = _data_starts(src, d)
+        if usize:
+            has_data = True
+            has_crc = has_crc or crc != 0
+        # Its data starts after its local header, whose own name and extra lengths count (not the
+        # central directory's); an entry without a local header signature gets no start.
+        if header <= n_head:
+            buf, at = head, header
+        elif tail_at <= header <= tail_end:
+            buf, at = tail, header - tail_at
+        else:
+            buf, at = src.read_at(header, LOCAL.size), 0
+            if len(buf) < LOCAL.size:
+                continue
+        if buf.startswith(LOCAL_SIG, at):
+            n_name, n_extra = unpack(buf, at + 26)
+            starts[name] = header + 30 + n_name + n_extra
+            local_names[name] = n_name
     size = src.size
     get = records.get
-    for name in _AT_OPEN:
-        e = get(name)
-        if e is not None:
-            _readable(e, starts, size)
     alignment = get(b".storage_alignment")
     aligned = alignment is not None
+    for key, e in records.items():
+        storage = key.startswith(b"data/")  # the storages: torch.save writes no other `data/` entry
+        if storage or key in _AT_OPEN:
+            start = starts.get(e.name)  # (_readable, inline: once per entry of every file)
+            if start is None or start + e.csize > size:
+                _readable(e, starts, size)
+            if storage:
+                _placed(src, e, starts, local_names, aligned, on_disk)
     version = get(b".data/version") or get(b"version")
     if version is None:
         raise ZipDamage("no `version` record: not a torch.save archive")
-    value = _stoull(_data(src, version, starts, 64))
+    raw = _data(src, version, starts, 64)
+    value = int(raw) if raw[:1].isdigit() and raw.strip().isdigit() else _stoull(raw)  # (the usual b"3\n")
     if value is None or not 1 <= value <= MAX_VERSION:
         raise ZipDamage(f"`version` record unreadable or unsupported ({_data(src, version, starts, 20)!r})")
     byteorder = get(b"byteorder")
@@ -347,12 +379,7 @@ def read_layout(src: Source, on_disk: bool = True) -> Layout:
     if pkl.usize > MAX_PICKLE:
         raise ZipDamage(f"data.pkl of {pkl.usize} bytes: not a sample")
     _placed(src, pkl, starts, local_names, aligned, on_disk)
-    # The storages, without the pickle that names them: torch.save writes no other `data/` entry.
-    for key, e in records.items():
-        if key.startswith(b"data/"):
-            _readable(e, starts, size)
-            _placed(src, e, starts, local_names, aligned, on_disk)
-    return Layout(d, prefix, starts, local_names, records)
+    return _new(Layout, (d, prefix, starts, local_names, records, has_data and not has_crc))
 
 
 def check_torch_zip(src: Source, content: bool, on_disk: bool = True) -> tuple[ZipResult, PickleInfo | None]:
@@ -363,10 +390,9 @@ def check_torch_zip(src: Source, content: bool, on_disk: bool = True) -> tuple[Z
     content, which the gzip CRC has proven): then the data descriptors after data.pkl and the
     storages are checked too, and an archive without CRCs gets the zero-page look."""
     layout = read_layout(src, on_disk)
-    d, starts, record = layout.directory, layout.starts, layout.record
-    no_crc = all(e.crc == 0 for e in d.entries if e.usize) and any(e.usize for e in d.entries)
+    d, starts, record, no_crc = layout.directory, layout.starts, layout.record, layout.no_crc
     if not content:
-        return ZipResult(d.trailing, no_crc, False), None
+        return _new(ZipResult, (d.trailing, no_crc, False)), None
     pkl = record("data.pkl")
     assert pkl is not None  # read_layout has checked
     info = read_pickle(_data(src, pkl, starts, pkl.usize))
@@ -391,32 +417,8 @@ def check_torch_zip(src: Source, content: bool, on_disk: bool = True) -> tuple[Z
     return ZipResult(d.trailing, no_crc, True), info
 
 
-def _data_starts(src: Source, d: Directory) -> tuple[dict[bytes, int], dict[bytes, int]]:
-    """Each entry's data offset as torch reads it: after its local header, whose own name and
-    extra lengths count (not the central directory's); and the local header's name length.
-    Entries without a local header signature are left out."""
-    starts, names = {}, {}
-    unpack = _NAME_EXTRA.unpack_from
-    whole = getattr(src, "whole", None)  # the file's bytes, when a FileSource holds all of them
-    if whole is not None:
-        room = len(whole) - LOCAL.size
-        for e in d.entries:
-            at = e.header
-            if at <= room and whole.startswith(LOCAL_SIG, at):
-                n_name, n_extra = unpack(whole, at + 26)
-                starts[e.name] = at + 30 + n_name + n_extra
-                names[e.name] = n_name
-        return starts, names
-    for e in d.entries:
-        raw = src.read_at(e.header, LOCAL.size)
-        if len(raw) == LOCAL.size and raw.startswith(LOCAL_SIG):
-            n_name, n_extra = unpack(raw, 26)
-            starts[e.name] = e.header + LOCAL.size + n_name + n_extra
-            names[e.name] = n_name
-    return starts, names
-
-
 _NAME_EXTRA = struct.Struct("<HH")
+_new = tuple.__new__  # a NamedTuple made without its Python-level __new__ (the structural check's hot path)
 
 
 def _readable(e: Entry, starts: dict[bytes, int], size: int) -> None:
@@ -442,7 +444,9 @@ def _placed(src: Source, e: Entry, starts: dict[bytes, int], names: dict[bytes, 
     if aligned and start % 64:
         raise ZipDamage(f"entry {_label(e.name)}: data at byte {start}, not 64-byte aligned as torch.save writes")
     if descriptor and e.flags & 0x8:
-        raw = src.read_at(start + e.csize, 8)
+        at = start + e.csize
+        tail_at = getattr(src, "tail_at", None)
+        raw = src.tail[at - tail_at:at - tail_at + 8] if tail_at is not None and at >= tail_at else src.read_at(at, 8)
         if not raw.startswith(DESCRIPTOR_SIG) or raw[4:8] != e.crc.to_bytes(4, "little"):
             raise ZipDamage(f"entry {_label(e.name)}: no data descriptor right after its data (torch would read it "
                             "from the wrong place, or the bytes are not what was written)")
