@@ -271,3 +271,35 @@ def test_files_in_is_paths_for_every_index():
         lo = rng.randrange(0, 60)
         hi = rng.randrange(lo, 70)
         assert list(listing.files_in(lo, hi)) == [(i, listing.paths(i)) for i in range(lo, hi + 1)]
+
+
+def test_the_fast_crc32_is_zlibs(tmp_path, monkeypatch):
+    """ISA-L's CRC-32 (the `fast` extra), when installed, is zlib's on any data, chunked as the
+    content check chunks it; and without it the content check gives the same verdicts."""
+    import random
+    import zlib
+
+    from reconcile_host.reconcilers.extractions import integrity
+
+    isal = pytest.importorskip("isal.isal_zlib")
+    monkeypatch.setattr(integrity, "_CRC32", None)
+    assert integrity._crc32() is isal.crc32
+    rng = random.Random(20)
+    for _ in range(200):
+        data = rng.randbytes(rng.randrange(0, 300_000))
+        view, crc_a, crc_b, pos = memoryview(data), 0, 0, 0
+        while pos < len(data):
+            step = rng.randrange(1, 70_000)
+            crc_a, crc_b = isal.crc32(view[pos:pos + step], crc_a), zlib.crc32(view[pos:pos + step], crc_b)
+            pos += step
+        assert crc_a == crc_b == zlib.crc32(data)
+    good = write_sample(tmp_path, 1, size=300_000)
+    bad = write_sample(tmp_path, 2, size=300_000)
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    bad.write_bytes(bytes(data))
+    verdicts = []
+    for impl in (isal.crc32, zlib.crc32):
+        monkeypatch.setattr(integrity, "_CRC32", impl)
+        verdicts.append([integrity.check_path(str(p), integrity.CONTENT)[:3] for p in (good, bad)])
+    assert verdicts[0] == verdicts[1] and verdicts[0][0][0] == "whole" and "CRC-32" in verdicts[0][1][1]

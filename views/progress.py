@@ -33,15 +33,20 @@ def attach(host: Any, fmt: str, stream: IO[str] | None = None) -> Any:
     except (AttributeError, ValueError):
         tty = False
     if fmt == "text" and tty and os.environ.get("TERM") != "dumb":
-        host.on_progress = ProgressLine(stream)
+        # Test seam: $RECONCILE_PROGRESS_AFTER, the seconds before a line appears (tests: 0).
+        try:
+            after = float(os.environ.get("RECONCILE_PROGRESS_AFTER", SHOW_AFTER))
+        except ValueError:
+            after = SHOW_AFTER
+        host.on_progress = ProgressLine(stream, after=after)
     return host
 
 
 class ProgressLine:
-    def __init__(self, stream: IO[str], clock=time.monotonic):
+    def __init__(self, stream: IO[str], clock=time.monotonic, after: float = SHOW_AFTER):
         import threading  # here: only a terminal that shows the line pays for the import
 
-        self.stream, self.clock = stream, clock
+        self.stream, self.clock, self.after = stream, clock, after
         self._lock = threading.Lock()  # kinds observed in threads may run long commands at once
         self._what: str | None = None
         self._first: tuple[float, float] = (0.0, 0.0)  # when this work was first seen, and its count then
@@ -59,7 +64,7 @@ class ProgressLine:
             if what != self._what:
                 self._what, self._first = what, (now, done)
             since, first_done = self._first
-            if now - since < SHOW_AFTER or now - self._last_draw < REDRAW:
+            if now - since < self.after or (self._drawn and now - self._last_draw < REDRAW):
                 return
             self._last_draw = now
             self._write("\r" + self._fit(render(what, done, total, unit, now - since, done - first_done)) + "\x1b[K")
@@ -79,7 +84,7 @@ class ProgressLine:
 
     def _fit(self, text: str) -> str:
         try:
-            width = os.get_terminal_size(self.stream.fileno()).columns
+            width = os.get_terminal_size(self.stream.fileno()).columns or 80  # 0: a terminal without a size
         except (OSError, ValueError, AttributeError):
             width = 80
         return text if len(text) < width else text[:max(1, width - 2)] + "…"
