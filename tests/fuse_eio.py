@@ -6,7 +6,8 @@
 It opens /dev/fuse, mounts it on MOUNTPOINT (mount -i, no helper; run it in a private mount
 namespace), serves one read-only directory holding the named files with the bytes of their
 source files, touches READY_FILE and answers requests until /dev/fuse is closed. Reading
-BAD_NAME (opening and stat-ing it work) gives EIO. Only what a listing, a stat, a statfs and a read
+BAD_NAME (opening and stat-ing it work) gives EIO; with BAD_NAME `hang:NAME`, a read of NAME
+is never answered (the reader waits until the server goes). Only what a listing, a stat, a statfs and a read
 need is implemented (include/uapi/linux/fuse.h, protocol 7.31); anything else gets ENOSYS.
 """
 
@@ -78,6 +79,8 @@ def serve(mountpoint: str, ready: str, bad: str, files: dict[str, bytes]) -> Non
             name = by_ino[node]
             if name == bad:
                 err = -errno.EIO
+            elif bad.startswith("hang:") and name == bad[5:]:
+                continue  # never answered: the reader waits in the kernel, as on a server gone away
             else:
                 out = files[name][offset:offset + size]
         elif op == READDIR:

@@ -303,3 +303,47 @@ def test_the_fast_crc32_is_zlibs(tmp_path, monkeypatch):
         monkeypatch.setattr(integrity, "_CRC32", impl)
         verdicts.append([integrity.check_path(str(p), integrity.CONTENT)[:3] for p in (good, bad)])
     assert verdicts[0] == verdicts[1] and verdicts[0][0][0] == "whole" and "CRC-32" in verdicts[0][1][1]
+
+
+def test_a_worker_stuck_on_a_read_ends_the_observation_at_its_deadline(tmp_path):
+    """The heartbeat deadline is kept with the check on workers: one file of a FUSE directory
+    whose read is never answered (tests/fuse_eio.py hang:NAME) holds a worker in the kernel;
+    the other workers' files keep coming for a while, then nothing does, and the extraction
+    is reported `error` after observe_timeout without progress instead of waited on."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import mounts_support as ms
+    from extraction_support import state_yaml, write_samples
+
+    why = ms.namespaces_missing() or ms.fuse_missing()
+    if why:
+        pytest.skip(why)
+    n = 1200
+    assert n >= tally.POOL_MIN_INDICES  # the check runs on workers
+    src = tmp_path / "src"
+    write_samples(src, range(n), group=2000)
+    out = tmp_path / "hs"
+    (out / "rows_0-2000").mkdir(parents=True)
+    pairs = " ".join(f"data_{i}.ckpt={src / 'rows_0-2000' / f'data_{i}.ckpt'}" for i in range(n))
+    (tmp_path / "pairs").write_text(pairs)
+    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": n, "verify": "all", "observe_timeout": "2s"})
+    env = {**os.environ, "RECONCILE_STATE_DIR": str(tmp_path / "state"), "RECONCILE_CACHE_DIR": str(tmp_path / "c"),
+           "RECONCILE_CHECK_WORKERS": "2"}
+    py, fuse = sys.executable, Path(__file__).with_name("fuse_eio.py")
+    proc = ms.in_namespace(f"""
+        {py} {fuse} {out / 'rows_0-2000'} {tmp_path / 'ready'} hang:data_600.ckpt $(cat {tmp_path / 'pairs'}) &
+        server=$!
+        for i in $(seq 200); do [ -e {tmp_path / 'ready'} ] && break; sleep 0.05; done
+        date +%s.%N > {tmp_path / 'elapsed'}
+        {py} -m reconcile_host diff {state} --format json > {tmp_path / 'diff.json'} || true
+        date +%s.%N >> {tmp_path / 'elapsed'}
+        kill $server
+    """, env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "diff.json").read_text())
+    res = report["resources"][0]
+    assert res["status"] == "error" and res["message"].startswith("observing extraction made no progress for 2s"), res
+    start, end = (float(x) for x in (tmp_path / "elapsed").read_text().split())
+    assert end - start < 60, f"diff took {end - start:.1f}s"
