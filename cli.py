@@ -232,7 +232,11 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
         sys.exit(report.exit_code)
     # Observing may start while the state is built only when nothing will be changed: apply
     # proper observes after taking its lock, so it never acts on what another apply changed.
-    prefetch = Prefetch() if dry_run else None
+    from .machines.host import Host
+    from .views.progress import attach
+
+    host = attach(Host(), fmt)  # the progress line on a terminal (views/progress.py)
+    prefetch = Prefetch(host) if dry_run else None
     state = load_state(path, prefetch, fmt, "apply", dry_run)
     if prefetch is not None:
         report = Engine(state, prefetch.host, prefetch=prefetch).diff(command="apply")
@@ -246,7 +250,7 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     except LockError as exc:
         fail(str(exc))
     try:
-        report = Engine(state, journal=journal).apply()
+        report = Engine(state, host, journal=journal).apply()
     except HostMismatch as exc:
         fail(str(exc))
     finally:

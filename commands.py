@@ -105,10 +105,14 @@ def run_diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) ->
     # module's objects again and again while they are imported (and the forked observers'
     # copies of the pages they sit on). Reference counting still frees what is dropped.
     gc.disable()
+    from .machines.host import Host
     from .pipeline.engine import Engine, Prefetch
     from .views import render
+    from .views.progress import attach
 
-    prefetch = Prefetch()  # kinds observed in children start while the state is being built
+    # Kinds observed in children start while the state is being built; the host carries the
+    # progress line when stderr is a terminal (views/progress.py).
+    prefetch = Prefetch(attach(Host(), fmt))
     state = load_state(resolve_state_file(file), prefetch, fmt)
     report = Engine(state, prefetch.host, prefetch=prefetch).diff()
     render(report, fmt, verbose=verbose)

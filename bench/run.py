@@ -14,6 +14,7 @@ machine against Ansible and pyinfra, with controller CPU and memory from cgroups
     sudo python3 bench/run.py                  # everything (about 25 min on 2 cores)
     sudo python3 bench/run.py --quick          # 3 runs, no 1,000,000-file step, 1 fleet run
     sudo python3 bench/run.py --only fleet     # the fleet alone: bench/results/fleet.md
+    sudo python3 bench/run.py --only check     # the cold integrity check alone (bench/bench_check.py)
 
 The peers are installed into bench/.peers (a separate virtual environment) when missing.
 Every tool runs without PYTHONDONTWRITEBYTECODE, so byte-code caches are used as on a
@@ -52,8 +53,9 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true", help="skip Ansible, pyinfra and testinfra")
     ap.add_argument("--no-gpus", action="store_true", help="leave the fake GPUs out")
     ap.add_argument("--skip", default="",
-                    help="comma list of parts to skip: breakdown,units,files,apply,importtime,fleet")
-    ap.add_argument("--only", choices=["fleet"], help="run only this part (fleet: writes bench/results/fleet.md)")
+                    help="comma list of parts to skip: breakdown,units,files,apply,importtime,check,fleet")
+    ap.add_argument("--only", choices=["fleet", "check"],
+                    help="run only this part (fleet: writes bench/results/fleet.md; check: check.md)")
     ap.add_argument("--fleet-hosts", type=parse_list, default=[10, 100],
                     help="inventory sizes for the fleet, separated by / (default 10/100)")
     ap.add_argument("--fleet-parallel", type=int, default=10,
@@ -93,14 +95,20 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("bench: needs root (it boots systemd in a namespace, mounts tmpfs there): sudo python3 bench/run.py")
 
-    if not a.installed:
-        install_reconcile()
-    peers = {} if a.no_peers else ensure_peers()
     t_start = time.perf_counter()
     load_start = os.getloadavg()
     if load_start[0] > 1.0:
         log(f"WARNING: load average {load_start[0]:.1f} on {os.cpu_count()} CPUs: other work will skew "
             "the times (the tools run round-robin, so the ratios suffer less than the absolute times)")
+    if a.only == "check":  # in-process, from this interpreter's reconcile: no install, no peers
+        text, targets, results = run_check(a)
+        write(Results({"argv": sys.argv[1:], "load_start": load_start, "load_end": os.getloadavg(),
+                       "seconds": time.perf_counter() - t_start, "cpus": os.cpu_count()}, results), "check",
+              text, targets)
+        return
+    if not a.installed:
+        install_reconcile()
+    peers = {} if a.no_peers else ensure_peers()
     if a.only == "fleet":
         fleet = run_fleet(a)
         fleet.meta.update({"argv": sys.argv[1:], "peers": peers, "load_start": load_start, "load_end": os.getloadavg(),
@@ -126,6 +134,11 @@ def main() -> None:
         b.stop()
     targets = b.targets()
     text = b.report()
+    if "check" not in skip:
+        check_text, check_targets, b.results["check"] = run_check(a)
+        targets += check_targets
+        text += "\n" + check_text + "\n### Check targets\n\n" + "".join(
+            f"- {'PASS' if ok else 'FAIL'}: {t}\n" for ok, t in check_targets)
     if "fleet" not in skip:
         fleet = run_fleet(a)
         b.results.update(fleet.results)
@@ -142,6 +155,21 @@ def main() -> None:
     write(b, "latest", text, targets)
 
 
+class Results:
+    """What write() needs of a part run on its own."""
+
+    def __init__(self, meta: dict, results: dict):
+        self.meta, self.results = meta, results
+
+
+def run_check(a):
+    """bench/bench_check.py: structure per file beside the pread floor, content MB/s beside cat,
+    the speedup on every CPU, and (not --quick) a million files with their peak RSS."""
+    import bench_check
+
+    return bench_check.run(a.quick, runs=3 if a.quick else 5)
+
+
 def run_fleet(a) -> Fleet:
     fleet = Fleet(a)
     try:
@@ -156,7 +184,7 @@ def run_fleet(a) -> Fleet:
 def write(b, stem: str, text: str, targets) -> None:
     """bench/results/STEM.md (the tables) and STEM.json (every raw figure)."""
     RESULTS.mkdir(exist_ok=True)
-    if stem == "fleet":
+    if stem in ("fleet", "check"):
         text += "\n## Targets\n\n" + "".join(f"- {'PASS' if ok else 'FAIL'}: {t}\n" for ok, t in targets)
     (RESULTS / f"{stem}.md").write_text(text)
     (RESULTS / f"{stem}.json").write_text(json.dumps({"meta": b.meta, "results": b.results,

@@ -16,11 +16,42 @@ from typing import IO, Any, TypeVar
 
 from ..pipeline.contract import CommandResult, CommandTimeout
 
-__all__ = ["CommandResult", "CommandTimeout", "ForkedChild", "Host", "collect_children", "kill_group"]
+__all__ = ["CommandResult", "CommandTimeout", "ForkedChild", "Host", "collect_children", "kill_group", "split_beats"]
 
 K = TypeVar("K")
 # What a child writes for a heartbeat; a pickle (protocol >= 2) never starts with it.
 HEARTBEAT = b"."
+# A progress record from a child: PROGRESS + JSON [what, done, total, unit] + newline (done null:
+# that work is over). It counts as a heartbeat too.
+PROGRESS = b"\x01"
+ProgressSink = Callable[[str | None, "float | None", "float | None", str], None]
+
+
+def split_beats(data: bytes) -> tuple[list[tuple[str, float | None, float | None, str]], bytes, bool]:
+    """The heartbeats and progress records at the start of what a child wrote: (the progress
+    records, the rest, whether the rest has begun: its answer). An incomplete record at the end
+    is left in the rest, with False."""
+    import json
+
+    records = []
+    pos = 0
+    while pos < len(data):
+        c = data[pos:pos + 1]
+        if c == HEARTBEAT:
+            pos += 1
+            continue
+        if c != PROGRESS:
+            return records, data[pos:], True
+        end = data.find(b"\n", pos)
+        if end < 0:
+            break
+        try:
+            what, done, total, unit = json.loads(data[pos + 1:end])
+            records.append((str(what), done, total, str(unit)))
+        except (ValueError, TypeError):
+            pass
+        pos = end + 1
+    return records, data[pos:], False
 
 
 class ForkedChild:
@@ -79,13 +110,14 @@ _ABANDONED: list[ForkedChild] = []
 
 
 def collect_children(children: Mapping[K, tuple[ForkedChild, float]],
-                     idle: Mapping[K, float] | None = None) -> dict[K, tuple[bytes, bool]]:
+                     idle: Mapping[K, float] | None = None,
+                     progress: ProgressSink | None = None) -> dict[K, tuple[bytes, bool]]:
     """Read every child's pipe at once, each to EOF or to its own deadline (time.monotonic()).
 
     With `idle[key]`, whatever the child writes (a heartbeat) moves its deadline to at least
     that many seconds later: a long job that keeps making progress is not cut short, a stuck
-    one still is. Returns, per key, what the child wrote and whether it finished (EOF before
-    its deadline).
+    one still is. Progress records (Host.progress in the child) go to `progress` as they come.
+    Returns, per key, what the child wrote and whether it finished (EOF before its deadline).
     A child past its deadline is sent SIGKILL and abandoned: never waited for, since one in
     D-state (a hung filesystem, a wedged driver) can neither die nor be reaped; so this
     returns by the latest deadline whatever state the children are in."""
@@ -98,6 +130,7 @@ def collect_children(children: Mapping[K, tuple[ForkedChild, float]],
     idle = idle or {}
     deadlines = {key: deadline for key, (_, deadline) in children.items()}
     chunks: dict[K, list[bytes]] = {key: [] for key in children}
+    unread: dict[K, bytes | None] = {key: b"" for key in children}  # beats not yet parsed (progress only)
     done: dict[K, tuple[bytes, bool]] = {}
     sel = selectors.DefaultSelector()
     for key, (child, _) in children.items():
@@ -114,6 +147,11 @@ def collect_children(children: Mapping[K, tuple[ForkedChild, float]],
             data = os.read(sel_key.fileobj.fileno(), 65536)
             if data:
                 chunks[key].append(data)
+                if progress is not None and unread[key] is not None:
+                    records, rest, answering = split_beats(unread[key] + data)
+                    unread[key] = None if answering else rest
+                    for record in records:
+                        progress(*record)
                 if key in idle:
                     deadlines[key] = max(deadlines[key], time.monotonic() + idle[key])
                 continue
@@ -160,6 +198,10 @@ class Host:
         # Set by the engine in a child that observes with a deadline (see heartbeat).
         self.heartbeat_to: IO[bytes] | None = None
         self._last_beat = 0.0
+        # Set by the command line when it shows progress (views/progress.py): what Host.progress
+        # says in this process, and what observer children say, goes there.
+        self.on_progress: ProgressSink | None = None
+        self._last_progress = 0.0
 
     def heartbeat(self) -> None:
         """Say "still making progress" from a long observation (one directory listed, one file
@@ -171,6 +213,33 @@ class Host:
         if now - self._last_beat >= 0.05:
             self._last_beat = now
             self.heartbeat_to.write(HEARTBEAT)
+
+    def progress(self, what: str, done: float, total: float | None = None, unit: str = "") -> None:
+        """Say how far a long piece of work has come (`unit` "s": seconds waited, of `total`).
+        In a child observing with a deadline it goes to the parent, at most 10 times a second,
+        and counts as a heartbeat; in the reconcile process, to the progress line when one is
+        shown; elsewhere nowhere."""
+        if self.heartbeat_to is not None:
+            now = time.monotonic()
+            if now - self._last_progress >= 0.1:
+                self._last_progress = self._last_beat = now
+                self._send_progress(what, done, total, unit)
+        elif self.on_progress is not None:
+            self.on_progress(what, done, total, unit)
+
+    def progress_end(self, what: str | None = None) -> None:
+        """That work is over (None: all of it): its progress line goes."""
+        if self.heartbeat_to is not None:
+            if what is not None:
+                self._send_progress(what, None, None, "")
+        elif self.on_progress is not None:
+            self.on_progress(what, None, None, "")
+
+    def _send_progress(self, what: str, done: float | None, total: float | None, unit: str) -> None:
+        import json
+
+        assert self.heartbeat_to is not None
+        self.heartbeat_to.write(PROGRESS + json.dumps([what, done, total, unit]).encode() + b"\n")
 
     def run(self, argv: list[str] | tuple[str, ...], timeout: float = 30.0, env: dict | None = None,
             input: str | None = None) -> CommandResult:
@@ -187,11 +256,26 @@ class Host:
                                     env=env, start_new_session=True)
         except FileNotFoundError as exc:
             return CommandResult(tuple(full), 127, "", f"{full[0]}: command not found ({exc.strerror})")
+        started = time.monotonic()
+        step = timeout if self.on_progress is None else min(timeout, 0.5)
+        shown = ""
         try:
-            out, err = proc.communicate(input=input, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            raise CommandTimeout(f"`{' '.join(full)}` did not finish within {timeout:g}s") from None
+            while True:
+                try:
+                    out, err = proc.communicate(input=input, timeout=step)
+                    break
+                except subprocess.TimeoutExpired:
+                    waited = time.monotonic() - started
+                    if waited >= timeout or self.on_progress is None:
+                        kill_group(proc)
+                        raise CommandTimeout(f"`{' '.join(full)}` did not finish within {timeout:g}s") from None
+                    # A long command (a unit's stop: its ExecStop, its TimeoutStopSec) on the progress line.
+                    shown = f"waiting for `{' '.join(argv)}`"
+                    self.on_progress(shown, waited, timeout, "s")
+                    step = min(0.5, max(0.01, timeout - waited))
+        finally:
+            if shown and self.on_progress is not None:
+                self.on_progress(shown, None, None, "")
         return CommandResult(tuple(full), proc.returncode, out, err)
 
     def fork_call(self, fn: Callable[..., None], *args: Any) -> ForkedChild:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..machines.host import HEARTBEAT, ForkedChild, Host, collect_children
+from ..machines.host import ForkedChild, Host, collect_children, split_beats
 from ..reconcilers import key_of, reconciler_for
 from .contract import (
     Action,
@@ -226,7 +226,8 @@ class Engine:
         seconds = {kind: self.reconciler(by_kind[kind][0]).observe_deadline(by_kind[kind]) or 0.0
                    for kind in children}
         idle = {kind: seconds[kind] for kind in children if self.reconciler(by_kind[kind][0]).observe_idle}
-        for kind, (said, finished) in collect_children(children, idle).items():
+        collected = collect_children(children, idle, self._progress_sink())
+        for kind, (said, finished) in collected.items():
             group, child = by_kind[kind], children[kind][0]
             if not finished:
                 within = f"{'made no progress for' if kind in idle else 'did not finish within'} " \
@@ -236,7 +237,7 @@ class Engine:
                     f"filesystem?); observer pid {child.pid} abandoned") for r in group})
                 continue
             try:
-                tag, value = pickle.loads(said.lstrip(HEARTBEAT))
+                tag, value = pickle.loads(split_beats(said)[1])
             except Exception:
                 tag, value = "died", f"the observer exited {child.returncode} without an answer"
             if tag == "observed":
@@ -247,6 +248,17 @@ class Engine:
             reason = value.strip().splitlines()[-1] if tag == "bug" else value
             found.update({r.id: ObserveError(f"internal error while observing: {reason}") for r in group})
         return found
+
+    def _progress_sink(self) -> Callable[[str | None, float | None, float | None, str], None] | None:
+        """Where progress goes: the host's progress line, when the command line shows one."""
+        return getattr(self.host, "on_progress", None)
+
+    def _progress(self, what: str | None, done: float | None = None, total: float | None = None,
+                  unit: str = "") -> None:
+        """Progress of a long wait (done None: it is over; what None: everything is)."""
+        sink = self._progress_sink()
+        if sink is not None:
+            sink(what, done, total, unit)
 
     def _observe_kind(self, group: list[Resource]) -> dict[str, Any]:
         return observe_group(self.reconciler(group[0]), self.host, group)
@@ -282,6 +294,7 @@ class Engine:
                 if os.environ.get("RECONCILE_DEBUG"):
                     raise
                 reports.append(ResourceReport(r, Status.ERROR, message=f"internal error: {exc!r}"))
+        self._progress(None)  # the report comes next: no progress line left under it
         return self._run_report(command, reports, started, dry_run=command != "diff")
 
     def _run_report(self, command: str, reports: list[ResourceReport], started: float,
@@ -322,6 +335,7 @@ class Engine:
             final[r.id] = report
             if on_result:
                 on_result(report)
+        self._progress(None)
         return self._run_report("apply", [final[r.id] for r in self.state.resources], started)
 
     def _apply_one(self, r: Resource, obs: Any, final: dict[str, ResourceReport],
@@ -418,14 +432,22 @@ class Engine:
     def _verify(self, r: Resource) -> Any:
         """Observe again; poll up to the resource's settle time for drift that may still clear."""
         deadline = time.monotonic() + r.settle
+        waiting = None
         while True:
             obs = self.observe([r])[r.id]
             if isinstance(obs, ObserveError):
+                if waiting:
+                    self._progress(waiting)
                 return obs
             drift, _ = self._assess(r, obs)
             # Drift that waiting cannot clear (a broken GPU next to freed ones) ends the wait at once.
             if not drift or not self.reconciler(r).settles(drift) or time.monotonic() >= deadline:
+                if waiting:
+                    self._progress(waiting)
                 return obs
+            # apply waiting for GPU memory to be freed after a stop: on the progress line
+            waiting = f"{r.id}: waiting for it to settle ({', '.join(d.field for d in drift)})"
+            self._progress(waiting, r.settle - (deadline - time.monotonic()), r.settle, "s")
             time.sleep(min(SETTLE_POLL, max(0.0, deadline - time.monotonic())))
 
     def _line(self, event: str, r: Resource, action: Action, when: float, **extra: Any) -> dict[str, Any]:

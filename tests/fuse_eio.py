@@ -6,7 +6,8 @@
 It opens /dev/fuse, mounts it on MOUNTPOINT (mount -i, no helper; run it in a private mount
 namespace), serves one read-only directory holding the named files with the bytes of their
 source files, touches READY_FILE and answers requests until /dev/fuse is closed. Reading
-BAD_NAME (opening and stat-ing it work) gives EIO. Only what a listing, a stat and a read
+BAD_NAME (opening and stat-ing it work) gives EIO; with BAD_NAME `hang:NAME`, a read of NAME
+is never answered (the reader waits until the server goes). Only what a listing, a stat, a statfs and a read
 need is implemented (include/uapi/linux/fuse.h, protocol 7.31); anything else gets ENOSYS.
 """
 
@@ -27,8 +28,10 @@ INIT_OUT = struct.Struct("<IIIIHHIIHHI28x")
 # ino, size, blocks, atime, mtime, ctime, their 3 nsec, mode, nlink, uid, gid, rdev, blksize, flags
 ATTR = struct.Struct("<QQQQQQIIIIIIIIII")
 READ_IN = struct.Struct("<QQII")  # fh, offset, size, read_flags (the rest unused)
-LOOKUP, FORGET, GETATTR, OPEN, READ, RELEASE, FLUSH, INIT, OPENDIR, READDIR, RELEASEDIR, BATCH_FORGET = (
-    1, 2, 3, 14, 15, 18, 25, 26, 27, 28, 29, 42)
+LOOKUP, FORGET, GETATTR, OPEN, READ, STATFS, RELEASE, FLUSH, INIT, OPENDIR, READDIR, RELEASEDIR, BATCH_FORGET = (
+    1, 2, 3, 14, 15, 17, 18, 25, 26, 27, 28, 29, 42)
+# fuse_kstatfs: blocks, bfree, bavail, files, ffree, bsize, namelen, frsize, padding, spare[6]
+STATFS_OUT = struct.Struct("<QQQQQIIII24x")
 NO_REPLY = {FORGET, BATCH_FORGET}
 
 
@@ -76,6 +79,8 @@ def serve(mountpoint: str, ready: str, bad: str, files: dict[str, bytes]) -> Non
             name = by_ino[node]
             if name == bad:
                 err = -errno.EIO
+            elif bad.startswith("hang:") and name == bad[5:]:
+                continue  # never answered: the reader waits in the kernel, as on a server gone away
             else:
                 out = files[name][offset:offset + size]
         elif op == READDIR:
@@ -88,6 +93,8 @@ def serve(mountpoint: str, ready: str, bad: str, files: dict[str, bytes]) -> Non
                 if len(out) + len(rec) > size:
                     break
                 out += rec
+        elif op == STATFS:  # statfs(2) on the mount (its f_type, FUSE_SUPER_MAGIC, comes from the kernel)
+            out = STATFS_OUT.pack(0, 0, 0, len(names) + 1, 0, 4096, 255, 4096, 0)
         elif op in (RELEASE, RELEASEDIR, FLUSH):
             pass
         elif op in NO_REPLY:

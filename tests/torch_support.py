@@ -83,7 +83,10 @@ def start_judge(python: str, plan: list[dict], tmp: Path, name: str) -> tuple[su
     """Start judging damaged copies with the real loaders (tests/torch_samples.py judge)."""
     src, out = tmp / f"{name}.plan.json", tmp / f"{name}.verdicts.json"
     src.write_text(json.dumps(plan))
-    env = {**os.environ, "RECONCILE_JUDGE_TMP": str(tmp)}
+    # MALLOC_PERTURB_: glibc fills memory it hands out with a pattern, so a loader that reads
+    # nothing into a tensor (an entry flagged as a directory: miniz extracts nothing) shows
+    # garbage, not by luck the same tensor freed by the copy judged before.
+    env = {**os.environ, "RECONCILE_JUDGE_TMP": str(tmp), "MALLOC_PERTURB_": "165"}
     proc = subprocess.Popen([python, SCRIPT, "judge", str(src), str(out)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     return proc, out

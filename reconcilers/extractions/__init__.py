@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ...machines.host import Host
-    from .integrity import Verdict
 
 from ...pipeline.atomic import write_json
 from ...pipeline.contract import (
@@ -54,17 +53,19 @@ from ...pipeline.contract import (
     run_action,
 )
 from ...pipeline.values import format_duration, parse_duration
+from . import tally
 from .job import START_TIMEOUT, JobObserved, observe_jobs, start_command
 from .listing import QUARANTINE, Listing, leaf_form, list_tree
-from .ranges import contains, each, format_ranges, intersect, last, normalize, size, subtract, to_ranges
+from .ranges import contains, format_ranges, intersect, last, normalize, size, subtract, to_ranges
 from .records import STATE_FORMAT, CheckRecord, RecentFile, boot_id, load_json, state_dir
+from .verdicts import CONTENT, STAT, STRUCTURE, UNREADABLE
 
-# Files modified within this window before the newest one give the rate, and are re-read
+# Files modified within RECENT_WINDOW before the newest one give the rate, and are re-read
 # when the machine has booted since they were checked, or their stat changed: after a VM
 # crash, data written shortly before it may be gone from disk although it was whole in the
 # page cache when last checked. Within one boot a re-read would be served from that same
 # page cache, so it could not find anything the last check did not.
-RECENT_WINDOW = 300.0
+RECENT_WINDOW = tally.RECENT_WINDOW
 # An incomplete file this young, while its job runs, is being written: not damaged.
 WRITING_GRACE = 60.0
 # Under `verify: none`, stat at most this many new files (for the rate).
@@ -163,7 +164,7 @@ class ExtractionsReconciler(Reconciler):
                 continue
             host.heartbeat()
             try:
-                out[r.id] = self._observe_files(r, job, host.heartbeat)
+                out[r.id] = self._observe_files(r, job, host.heartbeat, getattr(host, "progress", None))
             except ObserveError as exc:
                 out[r.id] = exc
             except OSError as exc:
@@ -171,7 +172,8 @@ class ExtractionsReconciler(Reconciler):
         return out
 
     def _observe_files(self, r: Resource, job: JobObserved,
-                       beat: Callable[[], None] | None = None) -> ExtractionObserved:
+                       beat: Callable[[], None] | None = None,
+                       progress: Callable[[str, int, int, str], None] | None = None) -> ExtractionObserved:
         spec = r.spec
         root, total, verify = spec["dir"], spec["total"], spec["verify"]
         state_path = state_dir() / f"{r.name}.check.json"
@@ -207,55 +209,43 @@ class ExtractionsReconciler(Reconciler):
             to_check = normalize(new + intersect(present, was_recent))
         carried = [f for f in carried if not contains(to_check, f.index)]
 
-        # Phase 1: every file to check, at the depth its verify mode asks (recent: the
-        # structure, except for the files the recent rule re-reads, whose content is read).
-        verdicts: list[tuple[int, str, Verdict]] = []
-        if to_check:
-            # The file checks (and the archive readers under them) are imported only here: not with
-            # the kind (`diff` builds it in the parent), and not when every file is as last seen,
-            # the steady state. Everything below that names them runs only for these verdicts.
-            from .integrity import CONTENT, GONE, STAT, STRUCTURE, UNREADABLE, check_path
-
-            depth = {"all": CONTENT, "recent": STRUCTURE, "none": STAT}[verify]
-            for idx in each(to_check):
-                for rel in listing.paths(idx):
-                    if beat:
-                        beat()
-                    v = check_path(os.path.join(root, rel), CONTENT if idx in reread else depth)
-                    if v.state != GONE:  # GONE: vanished between the listing and the check
-                        verdicts.append((idx, rel, v))
+        # The check (tally.py): every file to check at the depth its verify mode asks (recent: the
+        # structure, except for the files the recent rule re-reads, whose content is read); then,
+        # under recent, the files written within RECENT_WINDOW of the newest, when no check of this
+        # boot has seen them (a first check, or the first since a reboot): they may hold pages a
+        # crash lost, so their content is read too.
+        depth = {"all": CONTENT, "recent": STRUCTURE, "none": STAT}[verify]
         mtimes: dict[int, float] = {}  # index -> newest mtime of its files, for the files looked at
-        for idx, _, v in verdicts:
-            if v.st is not None:
-                mtimes[idx] = max(mtimes.get(idx, 0.0), v.st.st_mtime_ns / 1e9)
         for f in carried:
             mtimes[f.index] = max(mtimes.get(f.index, 0.0), f.mtime_ns / 1e9)
-        newest = max(mtimes.values(), default=None)
-        if record and record.newest and (newest is None or record.newest > newest):
-            newest = record.newest
-        # Phase 2 (recent): files written within RECENT_WINDOW of the newest, when no check of
-        # this boot has seen them (a first check, or the first since a reboot), may hold pages
-        # a crash lost: their content is read too.
-        if verify == "recent" and newest is not None and (record is None or boot is None or boot != record.boot_id):
-            for n, (idx, rel, v) in enumerate(verdicts):
-                if v.whole and v.depth == STRUCTURE and v.st.st_mtime_ns / 1e9 >= newest - RECENT_WINDOW:
-                    if beat:
-                        beat()
-                    deep = check_path(os.path.join(root, rel), CONTENT)
-                    if deep.state != GONE:
-                        verdicts[n] = (idx, rel, deep)
+        known = max(mtimes.values(), default=None)
+        if record and record.newest and (known is None or record.newest > known):
+            known = record.newest
+        first_of_boot = record is None or boot is None or boot != record.boot_id
+        label = f"extraction {r.name}"
+
+        def ticked(stage: str, n: int, of: int) -> None:
+            if beat:
+                beat()
+            if progress:
+                progress(f"{label}: {stage}", n, of, "samples" if stage == "checking" else "files")
+
+        result = tally.run(tally.Check(root, listing, depth, reread), to_check,
+                           verify == "recent" and first_of_boot, known, ticked)
+        newest = result.newest
+        mtimes.update(result.mtimes)
 
         now = time.time()
         bad: list[Damaged] = []
         unreadable: list[Damaged] = []
         bad_idx: set[int] = set()
-        good: set[int] = set()
-        shallow_gz: set[int] = set()
-        no_crc: set[int] = set()
-        in_flight: set[int] = set()  # checked, neither whole nor damaged: being written or unreadable
-        seen_files: list[RecentFile] = []  # files looked at, for the recent list
-        writing = checked = content_checked = 0
-        for idx, rel, v in verdicts:
+        good: list[int] = []
+        shallow_gz: list[int] = []
+        no_crc: list[int] = []
+        seen_files: list[RecentFile] = []  # files looked at (those kept one by one), for the recent list
+        writing = 0
+        checked, content_checked = (result.checked, result.content) if verify != "none" else (0, 0)
+        for idx, rel, v in ((h.idx, h.rel, h.v) for h in result.held):
             st = v.st
             if st is not None:
                 seen_files.append(RecentFile.of(rel, idx, st, v.whole))
@@ -264,11 +254,11 @@ class ExtractionsReconciler(Reconciler):
             checked += 1
             content_checked += v.depth == CONTENT
             if v.whole:
-                good.add(idx)
+                good.append(idx)
                 if v.gz_shallow:
-                    shallow_gz.add(idx)
+                    shallow_gz.append(idx)
                 if v.no_crc:
-                    no_crc.add(idx)
+                    no_crc.append(idx)
             elif v.state == UNREADABLE:
                 unreadable.append(Damaged(rel, v.reason, st.st_size if st else 0, st.st_mtime if st else 0.0))
             elif (job.running or job.how == "none") and st is not None and now - st.st_mtime < WRITING_GRACE:
@@ -276,11 +266,14 @@ class ExtractionsReconciler(Reconciler):
             else:
                 bad.append(Damaged(rel, v.reason, st.st_size if st else 0, st.st_mtime if st else 0.0))
                 bad_idx.add(idx)
-        if verify != "none":
-            in_flight = {i for i in each(to_check) if i not in good and i not in bad_idx}
+        good_ranges = normalize(result.good + to_ranges(good)) if verify != "none" else []
+        gz_ranges = normalize(result.gz + to_ranges(shallow_gz))
+        no_crc_now = normalize(result.no_crc + to_ranges(no_crc))
+        # Checked, neither whole nor damaged: being written or unreadable.
+        in_flight = subtract(to_check, normalize(good_ranges + to_ranges(bad_idx))) if verify != "none" else []
         # An index with one good and one damaged file (x.ckpt and x.ckpt.gz) is done, but the
         # damaged one still goes to quarantine.
-        unusable = to_ranges((bad_idx | in_flight) - good)
+        unusable = subtract(normalize(to_ranges(bad_idx) + in_flight), good_ranges)
         usable = subtract(present, unusable)
         done = size(usable)
         absent = subtract(everything, usable)
@@ -297,17 +290,17 @@ class ExtractionsReconciler(Reconciler):
 
         looked = to_check if verify != "none" else []
 
-        def carry_over(old: list[tuple[int, int]], now_set: set[int]) -> list[tuple[int, int]]:
+        def carry_over(old: list[tuple[int, int]], now_ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
             """Indices still so from earlier checks (present, not checked now), and now."""
-            return normalize(subtract(intersect(old, present), looked) + to_ranges(now_set))
+            return normalize(subtract(intersect(old, present), looked) + now_ranges)
 
         if verify == "none":
             verified = record.verified if record else []
         else:
             verified = normalize(subtract(intersect(record.verified if record else [], present),
-                                            to_ranges(bad_idx)) + to_ranges(good))
-        gz_shallow = carry_over(record.gz_shallow if record else [], shallow_gz)
-        no_crc_ranges = carry_over(record.no_crc if record else [], no_crc)
+                                            to_ranges(bad_idx)) + good_ranges)
+        gz_shallow = carry_over(record.gz_shallow if record else [], gz_ranges)
+        no_crc_ranges = carry_over(record.no_crc if record else [], no_crc_now)
         recent = sorted((f for f in seen_files + carried if f.index in window), key=lambda f: (f.index, f.rel))
         new_state = {
             "format": STATE_FORMAT, **key,
@@ -399,7 +392,7 @@ class ExtractionsReconciler(Reconciler):
 
     def apply(self, host: Host, resource: Resource, action: Action) -> str:
         if action.action == "quarantine":
-            from .quarantine import quarantine
+            from .quarantine import quarantine  # (it imports the file checks: only to act)
 
             return quarantine(resource, action.params.get("files", ()))
         if action.action == "start":
@@ -482,5 +475,5 @@ def _rate(mtimes: list[float]) -> float | None:
     return (len(mtimes) - 1) / span if span > 0 else None
 
 
-__all__ = ["ExtractionsReconciler", "ExtractionObserved", "scan", "list_tree", "compile_pattern", "to_ranges",
-           "format_ranges", "quarantine", "state_dir"]
+__all__ = ["Damaged", "ExtractionsReconciler", "ExtractionObserved", "RECENT_WINDOW", "format_ranges", "list_tree",
+           "state_dir", "to_ranges"]

@@ -25,18 +25,24 @@ takes and returns plain data, so a pool of processes can run it.
 from __future__ import annotations
 
 import os
-import stat
 import zlib
-from dataclasses import dataclass
+from stat import S_ISREG
+from typing import NamedTuple
 
 from .gzipstream import GzipDamage, ZipStream, check_header, decompress, spool
 from .safetensors_file import SafetensorsDamage, check_safetensors
 from .torchpickle import PickleDamage
 from .torchzip import PAGE, Missing, ZipDamage, check_torch_zip
+from .verdicts import (  # noqa: F401  (the names of a verdict, used with check_path)
+    CONTENT, DAMAGED, GONE, STAT, STRUCTURE, UNCHECKED, UNREADABLE, WHOLE, Verdict,
+)
 
-STAT, STRUCTURE, CONTENT = "stat", "structure", "content"
-WHOLE, DAMAGED, UNREADABLE, GONE, UNCHECKED = "whole", "damaged", "unreadable", "gone", "unchecked"
-READ_CHUNK = 1024 * 1024
+READ_CHUNK = 256 * 1024  # the content check's reads: a buffer that stays in the CPU's cache for the CRC
+NEAR = 64  # bytes read on either side of a small read elsewhere in the file (see FileSource)
+# O_NONBLOCK: a FIFO with the sample's name must not hang the check (no effect on files).
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_SPARE: list[bytearray] = []  # read buffers, reused (list.pop and append are atomic: threads may share it)
+_new = tuple.__new__  # a NamedTuple made without its Python-level __new__ (the structural check's hot path)
 ZERO_PAGE = bytes(PAGE)
 # A zero page counts where at least this much of it is float data (a page across an integer
 # tensor and a float one); 1 KiB is 512 bf16 values, none of which a hidden state has exactly 0.
@@ -44,21 +50,6 @@ MIN_FLOAT_OVERLAP = 1024
 MIN_ZERO_RUN = 64  # a zeroed last page shorter than this (32 bf16 values) is not told from data
 ZERO_RUN = bytes(MIN_ZERO_RUN)
 _DAMAGE = (ZipDamage, PickleDamage, SafetensorsDamage, GzipDamage)
-
-
-@dataclass(frozen=True)
-class Verdict:
-    state: str  # WHOLE, DAMAGED, UNREADABLE, GONE (vanished since listed), UNCHECKED (depth STAT)
-    reason: str = ""  # why DAMAGED or UNREADABLE
-    depth: str = STRUCTURE  # how deep the check went
-    st: os.stat_result | None = None
-    no_crc: bool = False  # a torch.save ZIP without CRCs: its tensor bytes cannot be proven
-    gz_shallow: bool = False  # a .gz whose header only was read (not decompressed)
-    trailing: int = 0  # bytes after the ZIP end record, ignored as torch.load ignores them
-
-    @property
-    def whole(self) -> bool:
-        return self.state == WHOLE
 
 
 def kind_of(name: str) -> str:
@@ -69,36 +60,75 @@ def kind_of(name: str) -> str:
 
 
 class FileSource:
-    """A torchzip/safetensors Source over an open file (positional reads: no shared offset)."""
+    """A torchzip/safetensors Source over an open file (positional reads: no shared offset).
+
+    The structural check reads a few small ranges: the first and last page are read at once
+    (the whole file when it is no larger than two pages), and a small read elsewhere (a local
+    header) takes a little on either side (the data descriptor before it), so each range costs
+    one system call."""
+
+    __slots__ = ("fd", "size", "head", "tail", "tail_at", "_near")
 
     def __init__(self, fd: int, size: int):
         self.fd, self.size = fd, size
-        self._buf = bytearray(READ_CHUNK)
+        # head: the file's first bytes; tail: its last ones, from tail_at (torchzip reads these
+        # directly, without a call per range)
+        if size <= 2 * PAGE:
+            self.head = self.tail = self._pread(0, size)
+            self.tail_at = 0
+        else:
+            self.head = self._pread(0, PAGE)
+            self.tail_at = size - PAGE
+            self.tail = self._pread(self.tail_at, PAGE)
+        self._near: list[tuple[int, bytes]] = []
 
-    def read_at(self, offset: int, n: int) -> bytes:
-        n = max(0, min(n, self.size - offset))
-        out = b""
-        while len(out) < n:
+    def _pread(self, offset: int, n: int) -> bytes:
+        out = os.pread(self.fd, n, offset)
+        while 0 < len(out) < n:
             got = os.pread(self.fd, n - len(out), offset + len(out))
             if not got:
                 break  # shorter than its size now: the caller finds what is missing
             out += got
         return out
 
+    def read_at(self, offset: int, n: int) -> bytes:
+        end = min(offset + n, self.size)
+        if end <= offset:
+            return b""
+        if offset >= self.tail_at:  # (fewer bytes if the file shrank since it was opened)
+            return self.tail[offset - self.tail_at:end - self.tail_at]
+        if end <= len(self.head):
+            return self.head[offset:end]
+        for at, buf in self._near:
+            if at <= offset and end <= at + len(buf):
+                return buf[offset - at:end - at]
+        if end - offset > NEAR:
+            return self._pread(offset, end - offset)
+        lo, hi = max(0, offset - NEAR), min(self.size, end + NEAR)
+        buf = self._pread(lo, hi - lo)
+        if len(self._near) < 64:
+            self._near.append((lo, buf))
+        return buf[offset - lo:end - lo]
+
     def _chunks(self, offset: int, n: int):
-        view = memoryview(self._buf)
-        end = offset + n
-        while offset < end:
-            got = os.preadv(self.fd, [view[:min(READ_CHUNK, end - offset)]], offset)
-            if got == 0:
-                raise ZipDamage(f"the file ends at byte {offset}, before its own end (truncated while read?)")
-            yield offset, view[:got]
-            offset += got
+        buf = _SPARE.pop() if _SPARE else bytearray(READ_CHUNK)
+        try:
+            view = memoryview(buf)
+            end = offset + n
+            while offset < end:
+                got = os.preadv(self.fd, [view[:min(READ_CHUNK, end - offset)]], offset)
+                if got == 0:
+                    raise ZipDamage(f"the file ends at byte {offset}, before its own end (truncated while read?)")
+                yield offset, view[:got]
+                offset += got
+        finally:
+            _SPARE.append(buf)
 
     def crc_of(self, offset: int, n: int) -> int:
+        crc32 = _crc32()
         crc = 0
         for _, chunk in self._chunks(offset, n):
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
         return crc
 
     def first_zero_page(self, ranges: list[tuple[int, int]]) -> int | None:
@@ -124,29 +154,47 @@ class FileSource:
         return None
 
 
-def check_path(path: str, depth: str = STRUCTURE) -> Verdict:
-    """Check one file. Never raises for what the file holds; see the module docstring."""
+_CRC32 = None
+
+
+def _crc32():
+    """CRC-32 as zlib computes it, from ISA-L or zlib-ng where one is installed (the `fast` extra:
+    3-5 times zlib's speed, so the content check reads at the page cache's speed), else zlib."""
+    global _CRC32
+    if _CRC32 is None:
+        _CRC32 = zlib.crc32
+        for mod in ("isal.isal_zlib", "zlib_ng.zlib_ng"):
+            try:
+                _CRC32 = __import__(mod, fromlist=["crc32"]).crc32
+                break
+            except ImportError:
+                continue
+    return _CRC32
+
+
+def check_path(path: str, depth: str = STRUCTURE, dir_fd: int | None = None) -> Verdict:
+    """Check one file. Never raises for what the file holds; see the module docstring.
+    With `dir_fd`, `path` is relative to that open directory (no walk of the whole path per file)."""
     if depth == STAT:
         try:
-            return Verdict(UNCHECKED, depth=STAT, st=os.stat(path))
+            return Verdict(UNCHECKED, depth=STAT, st=os.stat(path, dir_fd=dir_fd))
         except FileNotFoundError:
             return Verdict(GONE, depth=STAT)
         except OSError as exc:
             return Verdict(UNREADABLE, f"unreadable: {_oserror(exc)}", STAT)
     try:
-        # O_NONBLOCK: a FIFO with the sample's name must not hang the check (no effect on files).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, OPEN_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return Verdict(GONE, depth=depth)
     except OSError as exc:
         try:
-            st = os.stat(path)
+            st = os.stat(path, dir_fd=dir_fd)
         except OSError:
             st = None
         return Verdict(UNREADABLE, f"unreadable: {_oserror(exc)}", depth, st)
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if not S_ISREG(st.st_mode):
             return Verdict(UNREADABLE, "unreadable: not a regular file", depth, st)
         try:
             return _check(fd, st, kind_of(path), depth)
@@ -174,7 +222,7 @@ def _check(fd: int, st: os.stat_result, kind: str, depth: str) -> Verdict:
     content = depth == CONTENT
     if kind == "zip":
         result, _ = check_torch_zip(FileSource(fd, size), content)
-        return Verdict(WHOLE, depth=depth, st=st, no_crc=result.no_crc, trailing=result.trailing)
+        return _new(Verdict, (WHOLE, "", depth, st, result.no_crc, False, result.trailing))  # (hot path)
     if kind == "safetensors":
         check_safetensors(FileSource(fd, size), content)
         return Verdict(WHOLE, depth=depth, st=st)

@@ -8,7 +8,7 @@ import os
 import re
 import time
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -191,6 +191,30 @@ class Listing:
         if idx in self._named:
             out = sorted(out + self._named[idx])
         return [p for *_, p in out]
+
+    def files_in(self, lo: int, hi: int) -> Iterator[tuple[int, list[str]]]:
+        """(idx, paths(idx)) for every idx from lo to hi, as paths() gives them, without its
+        lookup per index: between two interval ends the same leaves hold every index."""
+        points, covers, named, form = self._points, self._covers, self._named, self.form
+        k = bisect_right(points, lo) - 1
+        idx = lo
+        while idx <= hi:
+            end = min(hi, points[k + 1] - 1) if k + 1 < len(points) else hi
+            where = covers[k] if k >= 0 else []
+            if where:
+                assert form is not None  # ranges exist only with a renderable form
+                parts = [(self.leaves[n].rel + form.prefix, form.suffix + (".gz" if v else "")) for n, v in where]
+            else:
+                parts = []
+            for i in range(idx, end + 1):
+                if i in named:
+                    yield i, self.paths(i)
+                elif len(parts) == 1:
+                    yield i, [f"{parts[0][0]}{i}{parts[0][1]}"]
+                else:
+                    yield i, [f"{a}{i}{b}" for a, b in parts]
+            idx = end + 1
+            k += 1
 
     def present(self, total: int) -> list[tuple[int, int]]:
         """Ranges of the indices < total that have at least one file."""
