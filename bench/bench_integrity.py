@@ -21,7 +21,6 @@ import gzip
 import io
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from common import median_time as median  # noqa: E402
 from fake_extract import ckpt_bytes, torch_pickle  # noqa: E402
 from reconcile_host.reconcilers.extractions.integrity import CONTENT, STRUCTURE, check_path  # noqa: E402
 
@@ -53,15 +53,6 @@ def big_sample(path: Path, mib: int) -> None:
         zf.writestr("data_0/data/0", bf16_like(numel))
         zf.writestr("data_0/version", "3\n")
     path.write_bytes(buf.getvalue())
-
-
-def median(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def read_all(path: Path) -> None:

@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from common import median_time as timed  # noqa: E402
 from fake_extract import ckpt_bytes  # noqa: E402
 from reconcile_host.machines.host import Host  # noqa: E402
 from reconcile_host.reconcilers.extractions import ExtractionsReconciler  # noqa: E402
@@ -44,15 +44,6 @@ def generate(root: Path, n: int, group: int = 2000) -> None:
     for i in range(0, max(0, n - 2000)):
         g = i // group * group
         os.utime(root / f"rows_{g}-{g + group}" / f"data_{i}.ckpt", (old, old))
-
-
-def timed(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def bench(n: int, runs: int, base: str | None) -> list[tuple[str, int, float]]:

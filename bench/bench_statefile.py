@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
+from common import median_time as timed
 from reconcile_host.pipeline.statefile import StateFileError, load
 
 
@@ -36,15 +35,6 @@ def bomb(levels: int = 9) -> str:
     out = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     out += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
     return "version: 1\n" + "\n".join(out) + "\n"
-
-
-def timed(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -43,5 +43,15 @@ def median(xs) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def median_time(fn, runs: int) -> float:
+    """The median wall time of RUNS calls of fn(), in seconds."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def parse_list(text: str) -> list[int]:
     return [int(x.replace("_", "").replace(",", "")) for x in text.split("/") if x.strip()]

@@ -57,3 +57,30 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("tests skipped under CI=true (not allowed)", red=True)
         for line in _SKIPPED_IN_CI:
             terminalreporter.write_line(line)
+
+
+# -- the fake GPU driver (tests/fakenvml/), built once a session --------------------------------
+
+
+@pytest.fixture(scope="session")
+def fake_lib(tmp_path_factory):
+    """The directory holding the fake libnvidia-ml.so.1, for LD_LIBRARY_PATH (gpu_support.nvml_env).
+    Its state lives in each test's own files (FakeConfig), never beside the library."""
+    import subprocess
+
+    from gpu_support import build_fake_nvml
+
+    try:
+        return build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot build the fake libnvidia-ml.so.1: {exc}")
+
+
+@pytest.fixture
+def holders():
+    """Processes standing in for a GPU's holders (gpu_support.Holders), killed after the test."""
+    from gpu_support import Holders
+
+    h = Holders()
+    yield h
+    h.cleanup()

@@ -14,27 +14,11 @@ import time
 from pathlib import Path
 
 import gpu_support as gs
-import pytest
 from cli_support import cli_env, reconcile_argv, report_of
 
 VLLM_UNIT = "vllm-kimi-k25-int4.service"
 EXTRACT_UNIT = "eagle3-extract.service"
 SEED_HOLD_MIB = 72289  # ~75.8 GB, what the vLLM service held on each GPU in the seed
-
-
-@pytest.fixture(scope="module")
-def fake_lib(tmp_path_factory) -> Path:
-    try:
-        return gs.build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot build the fake libnvidia-ml.so.1: {exc}")
-
-
-@pytest.fixture
-def holders():
-    h = gs.Holders()
-    yield h
-    h.cleanup()
 
 
 write_state, gpus_report, cli = gs.write_state, gs.gpus_report, gs.cli

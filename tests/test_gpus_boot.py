@@ -75,11 +75,6 @@ def staged(name: str, units: dict[str, str]) -> NamespacedSystemd:
     return nsd
 
 
-@pytest.fixture(scope="module")
-def fake_lib(tmp_path_factory) -> Path:
-    return gs.build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
-
-
 def test_boot_unit_sets_the_gpus_after_nvidia_persistenced_at_every_boot(tmp_path, fake_lib):
     why = NamespacedSystemd.missing_prerequisites()
     if why:

@@ -16,21 +16,6 @@ import pytest
 cli, write_state, gpus_report = gs.cli, gs.write_state, gs.gpus_report
 
 
-@pytest.fixture(scope="module")
-def fake_lib(tmp_path_factory) -> Path:
-    try:
-        return gs.build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot build the fake libnvidia-ml.so.1: {exc}")
-
-
-@pytest.fixture
-def holders():
-    h = gs.Holders()
-    yield h
-    h.cleanup()
-
-
 def pynvml(lib: Path, config: Path, code: str) -> str:
     """Run CODE (pynvml imported as n, initialised) against the fake; its stdout."""
     env = {**os.environ, **gs.nvml_env(lib, config)}

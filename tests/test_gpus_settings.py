@@ -22,14 +22,6 @@ BOOT = ("[    0.000000] Linux version 6.1.0-18-amd64 (debian-kernel@lists.debian
         "[    4.212001] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  590.48.01  Thu Nov 20 2025\n")
 
 
-@pytest.fixture(scope="module")
-def fake_lib(tmp_path_factory) -> Path:
-    try:
-        return gs.build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot build the fake libnvidia-ml.so.1: {exc}")
-
-
 class Host:
     """One test's fake GPUs, state file, kernel log and journal."""
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from cli_support import cli_env, reconcile_argv, run_cli, wait_for
 from extraction_support import age, write_sample
-from gpu_support import FakeConfig, build_fake_nvml, nvml_env, seed_gpus
+from gpu_support import FakeConfig, nvml_env, seed_gpus
 from ssh_support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,11 +69,6 @@ def driver_memory(lib: Path, config: Path) -> list[tuple[int, int]]:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=30,
                          env={**os.environ, **nvml_env(lib, config)}).stdout
     return [tuple(x) for x in json.loads(out)]
-
-
-@pytest.fixture(scope="module")
-def fake_lib(tmp_path_factory):
-    return build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
 
 
 def write_gpus(path: Path, unhealthy: int | None = None) -> Path:

@@ -45,11 +45,6 @@ LOST_CALLS = ("memory", "processes", "temp", "power", "ecc", "retired", "remap",
               "nvlink", "vbios", "persistence", "mig", "minor", "power_limit", "compute", "ecc_mode")
 
 
-@pytest.fixture(scope="module")
-def fake_lib(tmp_path_factory) -> Path:
-    return gs.build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
-
-
 def recovery_state(tmp: Path, data: Path, edit=None) -> Path:
     """states/kpro6-recovery.yaml with the test's paths and totals (and EDIT(doc) applied)."""
     from ruamel.yaml import YAML

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import cli_env, reconcile_argv, wait_for
-from gpu_support import FakeConfig, build_fake_nvml, nvml_env, seed_gpus
+from gpu_support import FakeConfig, nvml_env, seed_gpus
 from reconcile_host.machines import slurm
 from slurm_support import SlurmCluster, missing_prerequisites
 
@@ -53,11 +53,6 @@ def runs(journal: Path) -> list[dict]:
     if not journal.exists():
         return []
     return [json.loads(line) for line in journal.read_text().splitlines() if line.strip()]
-
-
-@pytest.fixture(scope="module")
-def fake_lib(tmp_path_factory):
-    return build_fake_nvml(tmp_path_factory.mktemp("fakenvml"))
 
 
 # --- slurmd runs it ----------------------------------------------------------------------
