@@ -27,14 +27,21 @@ from __future__ import annotations
 import os
 import zlib
 from stat import S_ISREG
-from typing import NamedTuple
 
 from .gzipstream import GzipDamage, ZipStream, check_header, decompress, spool
 from .safetensors_file import SafetensorsDamage, check_safetensors
 from .torchpickle import PickleDamage
 from .torchzip import PAGE, Missing, ZipDamage, check_torch_zip
 from .verdicts import (  # noqa: F401  (the names of a verdict, used with check_path)
-    CONTENT, DAMAGED, GONE, STAT, STRUCTURE, UNCHECKED, UNREADABLE, WHOLE, Verdict,
+    CONTENT,
+    DAMAGED,
+    GONE,
+    STAT,
+    STRUCTURE,
+    UNCHECKED,
+    UNREADABLE,
+    WHOLE,
+    Verdict,
 )
 
 READ_CHUNK = 256 * 1024  # the content check's reads: a buffer that stays in the CPU's cache for the CRC
