@@ -56,7 +56,8 @@ def resolve_state_file(given: str | None) -> str:
     raise AssertionError  # unreachable
 
 
-def load_state(path: str, prefetch=None, fmt: str = "text", command: str = "diff", dry_run: bool = False):
+def load_state(path: str, prefetch=None, fmt: str = "text", command: str = "diff", dry_run: bool = False,
+               state_label: str | None = None):
     """Load and validate FILE; `-` reads the state from stdin (as a remote target does), shown in
     messages as --state-label NAME (default `<stdin>`), so errors point into the user's own file.
     `prefetch` (engine.Prefetch) starts observing kinds as they are built. A bad state file is one
@@ -68,10 +69,12 @@ def load_state(path: str, prefetch=None, fmt: str = "text", command: str = "diff
     label = path
     try:
         if path == "-":
-            import click  # `-` is read through click's door only (read_plain_diff leaves it to click)
+            if state_label is None and "click" in sys.modules:  # click's door: --state-label is in its context
+                import click
 
-            ctx = click.get_current_context(silent=True)
-            label = (ctx.meta.get(STATE_LABEL) if ctx else None) or "<stdin>"
+                ctx = click.get_current_context(silent=True)
+                state_label = ctx.meta.get(STATE_LABEL) if ctx else None
+            label = state_label or "<stdin>"
             # One byte past the limit at most: `reconcile diff - < /dev/zero` is an error, not a MemoryError.
             return load(label, text=sys.stdin.buffer.read(LIMITS.max_bytes + 1), on_kind=prefetch)
         return load(path, on_kind=prefetch)
@@ -99,7 +102,7 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def run_diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) -> None:
+def run_diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, state_label: str | None = None) -> None:
     """`reconcile diff`, once its flags are known; leaves through exit_now."""
     # One short run that leaves through os._exit: the cyclic collector would only walk every
     # module's objects again and again while they are imported (and the forked observers'
@@ -113,7 +116,7 @@ def run_diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) ->
     # Kinds observed in children start while the state is being built; the host carries the
     # progress line when stderr is a terminal (views/progress.py).
     prefetch = Prefetch(attach(Host(), fmt))
-    state = load_state(resolve_state_file(file), prefetch, fmt)
+    state = load_state(resolve_state_file(file), prefetch, fmt, state_label=state_label)
     report = Engine(state, prefetch.host, prefetch=prefetch).diff()
     render(report, fmt, verbose=verbose)
     if out_path:
@@ -147,19 +150,27 @@ def internal_error(exc: BaseException) -> str:
 
 
 def read_plain_diff(args: Sequence[str], environ: Mapping[str, str]) -> dict[str, Any] | None:
-    """The arguments after `diff`, when they are only a FILE, `--format FORMAT` (or
-    `--format=FORMAT`) and `-v`/`--verbose`, in any order, each option at most once: run_diff's
-    arguments, as click's parser gives them for the same words. None for anything else
-    (`-`, `--`, --help, --out, remote options, a mistake): click reads those."""
+    """The arguments after `diff`, when they are only a FILE (`-`: stdin), `--format FORMAT` (or
+    `--format=FORMAT`), `-v`/`--verbose` and `--state-label NAME`, in any order, each option at
+    most once: run_diff's arguments, as click's parser gives them for the same words. None for
+    anything else (`--`, --help, --out, remote options, a mistake): click reads those.
+
+    `--state-label NAME -` is what a remote diff runs on every target (machines/remote.py,
+    Request.args): a hundred hosts each save click's import."""
     if COMPLETE_VAR in environ:
         return None
     file: str | None = None
     fmt: str | None = None
     verbose = False
+    label: str | None = None
     words = iter(args)
     for word in words:
         if word in ("-v", "--verbose") and not verbose:
             verbose = True
+        elif word == "--state-label" and label is None:
+            label = next(words, None)
+            if not label or label.startswith("-"):  # click's own reading of these is left to click
+                return None
         elif word == "--format" and fmt is None:
             fmt = next(words, None)
             if fmt not in FORMAT_CHOICES:
@@ -168,11 +179,11 @@ def read_plain_diff(args: Sequence[str], environ: Mapping[str, str]) -> dict[str
             fmt = word[len("--format="):]
             if fmt not in FORMAT_CHOICES:
                 return None
-        elif word and not word.startswith("-") and file is None:
+        elif word and (word == "-" or not word.startswith("-")) and file is None:
             file = word
         else:
             return None
-    return {"file": file, "fmt": fmt or "text", "verbose": verbose, "out_path": None}
+    return {"file": file, "fmt": fmt or "text", "verbose": verbose, "out_path": None, "state_label": label}
 
 
 class _QuietOnBrokenPipe:

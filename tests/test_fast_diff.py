@@ -21,7 +21,8 @@ WORDS = ["s.yaml", "t.yaml", "-", "", "--format", "json", "text", "junit", "prom
          "p.json", "-h", "--help", "--host", "ssh://h", "--inventory", "--state-label", "--form", "-x"]
 # The forms the fast path must take (the benchmark's and the docs').
 PLAIN = [[], ["s.yaml"], ["s.yaml", "--format", "json"], ["--format", "json", "s.yaml"], ["s.yaml", "-v"],
-         ["--format=junit", "-v", "s.yaml"], ["--verbose", "--format", "prometheus"], ["-v"]]
+         ["--format=junit", "-v", "s.yaml"], ["--verbose", "--format", "prometheus"], ["-v"],
+         ["--format", "json", "--state-label", "s.yaml", "-"]]  # what a remote diff runs on each target
 DEFAULTS = {"host": None, "via": None, "remote_command": None, "ssh_options": (), "connect_timeout": None,
             "remote_timeout": None, "inventory": None, "limit": None, "parallel": 10, "report_dir": None,
             "state_label": None, "out_path": None}
@@ -47,16 +48,18 @@ def test_the_reader_takes_only_what_click_reads_the_same():
         taken += 1
         params = click_params(list(words))  # click accepts it (no UsageError) ...
         # ... and gives the command the same arguments, every other option at its default.
-        assert {k: params[k] for k in ("file", "fmt", "verbose")} == \
-            {k: plain[k] for k in ("file", "fmt", "verbose")}, words
-        assert {k: params[k] for k in DEFAULTS} == DEFAULTS, words
+        assert {k: params[k] for k in ("file", "fmt", "verbose", "state_label")} == \
+            {k: plain[k] for k in ("file", "fmt", "verbose", "state_label")}, words
+        assert {k: params[k] for k in DEFAULTS if k != "state_label"} == \
+            {k: v for k, v in DEFAULTS.items() if k != "state_label"}, words
         assert plain["out_path"] is None
     assert taken > 100
     for words in PLAIN:
         assert commands.read_plain_diff(words, {}) is not None, words
 
 
-@pytest.mark.parametrize("words", [["-"], ["--", "s.yaml"], ["s.yaml", "--out", "p.json"], ["--help"],
+@pytest.mark.parametrize("words", [["--state-label", "-v", "-"], ["--", "s.yaml"], ["s.yaml", "--out", "p.json"],
+                                   ["--help"],
                                    ["s.yaml", "t.yaml"], ["--format", "xml", "s.yaml"], ["-v", "-v"],
                                    ["--host", "ssh://h", "s.yaml"], ["s.yaml", "--format"]])
 def test_everything_else_goes_to_click(words):
@@ -156,6 +159,26 @@ def test_both_doors_print_and_exit_alike(tmp_path, extra):
         assert fast.stdout == slow.stdout
     assert [line for line in fast.stderr.splitlines() if not line.startswith("import time:")] == \
         slow.stderr.splitlines()
+
+
+@pytest.mark.parametrize("bad", [False, True])
+def test_both_doors_read_a_state_from_stdin_alike(tmp_path, bad):
+    """What a remote diff runs on each target (`--state-label NAME -`, the state on stdin): the
+    report, and a bad state's error pointing into NAME, are the same through either door."""
+    state = drifting_state(tmp_path)
+    text = state.read_text() + ("  x:\n    mounted: maybe\n" if bad else "")
+    args = ["diff", "--format", "json", "--state-label", "states/h1.yaml", "-"]
+    fast = subprocess.run([sys.executable, "-X", "importtime", "-c", VIA_MAIN, *args], input=text,
+                          capture_output=True, text=True, cwd=tmp_path, env=cli_env(tmp_path), timeout=120)
+    slow = run(tmp_path, VIA_CLICK, *args, input=text)
+    assert bad or "click" not in imported(fast.stderr)  # (an error is printed through click.echo)
+    assert "reconcile_host.cli" not in imported(fast.stderr)
+    assert fast.returncode == slow.returncode == (1 if bad else 2), slow.stderr
+    assert plain_report(fast.stdout) == plain_report(slow.stdout)
+    assert [line for line in fast.stderr.splitlines() if not line.startswith("import time:")] == \
+        slow.stderr.splitlines()
+    if bad:
+        assert slow.stderr.startswith("states/h1.yaml:"), slow.stderr
 
 
 @pytest.mark.parametrize("case", ["missing", "bad yaml", "bad yaml json", "no file"])
