@@ -185,3 +185,23 @@ def test_real_entry_point_skips_without_a_driver(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("skipped: ")
     assert (tmp_path / "o" / "report.txt").read_text().startswith("reconcile hardware suite: skipped")
+
+
+def test_without_cuda_a_device_file_holder_is_named(tmp_path, fake_lib, holders):
+    """The suite's last way to hold a GPU (no torch, no libcuda): a process with the device file
+    open, which NVML does not list; reconcile must still name it with that file."""
+    config = gs.FakeConfig(gpus=gs.seed_gpus(1)).write(tmp_path / "nvml.conf")
+    r = rig(tmp_path, fake_lib, config, holders)
+    dev = tmp_path / "dev" / "nvidia0"
+    dev.parent.mkdir()
+    dev.write_bytes(b"")
+    r.env["RECONCILE_NVIDIA_DEV_GLOB"] = str(tmp_path / "dev" / "nvidia[0-9]*")
+
+    def start(_tmp):
+        p = holders.start("hw-devholder", gs.new_tag(), hold=dev)
+        return p.pid, None, f"python3 holding {dev}", lambda: None
+
+    r.start_holder = start
+    report = hwsuite.Suite(tmp_path / "out", r).run_all(("snapshot", "holder"))
+    assert report["sections"]["holder"]["status"] == "agree", (tmp_path / "out" / "report.txt").read_text()
+    assert [c["authority"] for c in checks_of(report, "holder")][1] == [str(dev)]

@@ -162,7 +162,7 @@ XML = {"product_name": ("name", ""), "uuid": ("uuid", ""), "pci/pci_bus_id": ("p
        "pci/pci_gpu_link_info/pcie_gen/max_device_link_gen": ("pcie.link.gen.gpumax", ""),
        "pci/pci_gpu_link_info/link_widths/current_link_width": ("pcie.link.width.current", "x"),
        "pci/pci_gpu_link_info/link_widths/max_link_width": ("pcie.link.width.max", "x"),
-       "gpu_power_readings/current_power_limit": ("power.limit", " W"),
+       "gpu_power_readings/requested_power_limit": ("power.limit", " W"),
        "gpu_power_readings/default_power_limit": ("power.default_limit", " W"),
        "gpu_power_readings/min_power_limit": ("power.min_limit", " W"),
        "gpu_power_readings/max_power_limit": ("power.max_limit", " W"),

@@ -56,8 +56,11 @@ FIELDS: tuple[tuple[str, tuple[str, ...], str, str, bool], ...] = (
      True),
     ("pcie.link.width.max", ("pci/pci_gpu_link_info/link_widths/max_link_width",), "pcie_width_max", "int", False),
     # Power limits: under gpu_power_readings from driver 535, power_readings before (nvidia-smi -q -x).
-    ("power.limit", ("gpu_power_readings/current_power_limit", "gpu_power_readings/requested_power_limit",
-                     "power_readings/power_limit"), "settings.power_limit_mw", "watts", False),
+    # power.limit is the requested limit (nvmlDeviceGetPowerManagementLimit); current_power_limit is
+    # the enforced one (nvmlDeviceGetEnforcedPowerLimit), which can be lower.
+    ("power.limit", ("gpu_power_readings/requested_power_limit", "power_readings/requested_power_limit",
+                     "power_readings/power_limit", "gpu_power_readings/current_power_limit"),
+     "settings.power_limit_mw", "watts", False),
     ("power.default_limit", ("gpu_power_readings/default_power_limit", "power_readings/default_power_limit"),
      "settings.power_default_mw", "watts", False),
     ("power.min_limit", ("gpu_power_readings/min_power_limit", "power_readings/min_power_limit"),
@@ -94,7 +97,9 @@ def value(kind: str, text: str | None) -> Any:
     t = text.strip()
     if t.lower() in NOT_THERE:
         return None
-    t = re.sub(r"\s*(MiB|W|MHz|C|x)$", "", t)
+    m = re.fullmatch(r"(-?[\d.]+)\s*(?:MiB|W|MHz|C)|(\d+)x", t)  # never inside a hex mask (0x...FC)
+    if m:
+        t = m.group(1) or m.group(2)
     try:
         if kind == "mib":
             return int(t)
@@ -105,7 +110,7 @@ def value(kind: str, text: str | None) -> Any:
         if kind == "watts":
             return round(float(t) * 1000)
         if kind in ("yes", "enabled"):
-            return {"yes": True, "no": False, "enabled": True, "disabled": False}[t.lower()]
+            return {"yes": True, "no": False, "enabled": True, "disabled": False, "1": True, "0": False}[t.lower()]
         if kind == "compute":
             return t.lower().replace(" ", "_")
         if kind == "bus":

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -138,6 +139,8 @@ class Suite:
     def reconcile(self, command: str, state: str, *args: str) -> tuple[int, dict[str, Any], str]:
         path = self.tmp / f"state-{uuid.uuid4().hex[:8]}.yaml"
         path.write_text("version: 1\n" + textwrap.dedent(state))
+        if command == "apply":  # never the host's /var/lib/reconcile journal
+            args = ("--journal", str(self.tmp / "journal.jsonl"), *args)
         proc = self.run([sys.executable, "-m", "reconcile_host", command, str(path), "--format", "json", *args],
                         timeout=300)
         try:
@@ -162,9 +165,19 @@ class Suite:
             return hc.parse_query(proc.stdout, asked), refused
 
     def kernel_log(self) -> str:
+        """The kernel log from where reconcile said it read it (dmesg, the journal, a file)."""
         if self.rig.kernel_log is not None:
             return self.rig.kernel_log()
-        proc = self.run(["dmesg"], timeout=60)
+        from reconcile_host.reconcilers.gpus.kernel_log import JOURNAL_ARGV
+
+        source = ((getattr(self, "nvml", None) or {}).get("kernel_log") or {}).get("source") or "dmesg"
+        if source.startswith("journalctl"):
+            argv = JOURNAL_ARGV
+        elif source == "dmesg":
+            argv = ["dmesg"]
+        else:
+            return Path(source).read_text(errors="replace")
+        proc = self.run(argv, timeout=120)
         return proc.stdout if proc.returncode == 0 else ""
 
     # --- the report ---
@@ -238,11 +251,18 @@ class Suite:
     def holder(self) -> None:
         base, _ = self.query(["index", "memory.used"])
         baseline = {int(r["index"]): hc.value("mib", r["memory.used"]) for r in base}
+        others = self.smi("--query-compute-apps=pid", "--format=csv,noheader").stdout.split()
+        if others:  # `apply` with stop_units would stop their units too: the suite never touches others' work
+            self.section("holder", [], f"GPUs already in use by PIDs {', '.join(others)}: not run", status="skipped")
+            return
         start = self.rig.start_holder or self.start_real_holder
         pid, unit, how, stop = start(self.tmp)
         self.restores.append(("holder", stop))
         checks: list[dict] = []
         try:
+            if how.startswith("python3 holding "):  # holder_argv's last way: no CUDA, no memory
+                checks += self.device_file_holder(pid, how)
+                return
             held = self.wait_for(lambda: self.app_memory(pid), 120)
             checks.append(hc.check("holder", 0, "nvidia-smi lists the holder", True, held is not None))
             limit = max(v or 0 for v in baseline.values()) + HOLD_MIB // 4
@@ -275,7 +295,16 @@ class Suite:
             checks.append(hc.check("holder", 0, "second diff exit (0: nothing to do)", rc, 0, "int", note=err))
         finally:
             stop()
-        self.section("holder", checks, f"holder: {how}" + (f" in {unit}" if unit else " (no systemd unit)"))
+            self.section("holder", checks, f"holder: {how}" + (f" in {unit}" if unit else " (no systemd unit)"))
+
+    def device_file_holder(self, pid: int, how: str) -> list[dict]:
+        """Without CUDA: a process holding the device file open holds no memory; reconcile must
+        still name it with its device file (procfs.scan_device_holders)."""
+        rc, report, err = self.reconcile("diff", "gpus:\n  max_memory_used: 1048576MiB\n")
+        mine = next((h for h in (report.get("observed") or {}).get("holders", ()) if h["pid"] == pid), None)
+        dev = how.rsplit(" ", 1)[1]
+        return [hc.check("holder", 0, "device-file holder found (pid)", mine and mine["pid"], pid, "int", note=err),
+                hc.check("holder", 0, "its device file", list((mine or {}).get("device_files") or ()), [dev])]
 
     def app_memory(self, pid: int) -> int | None:
         proc = self.smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
@@ -454,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "report.txt").write_text(f"reconcile hardware suite: skipped: {why}\n")
         print(f"skipped: {why}")
         return 0
+    # A run cut short (the device tool's time limit sends SIGTERM) still restores and writes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     report = Suite(out, Rig()).run_all()
     sys.stdout.write((out / "report.txt").read_text())
     return 1 if any(s["status"] in ("disagree", "error") for s in report["sections"].values()) else 0
