@@ -205,3 +205,28 @@ def test_without_cuda_a_device_file_holder_is_named(tmp_path, fake_lib, holders)
     report = hwsuite.Suite(tmp_path / "out", r).run_all(("snapshot", "holder"))
     assert report["sections"]["holder"]["status"] == "agree", (tmp_path / "out" / "report.txt").read_text()
     assert [c["authority"] for c in checks_of(report, "holder")][1] == [str(dev)]
+
+
+def test_xml_reader_on_real_nvidia_smi_output():
+    """The suite's `-q -x` reader on NVIDIA's own XML (the 19 real captures of tests/data/gpus/real,
+    drivers 418 to 595, power limits under power_readings and gpu_power_readings): each value
+    reads as smi_capture's translation of the same file (held against features.json) reads it."""
+    import smi_capture as sc
+
+    kinds = {f[0]: f[3] for f in hc.FIELDS}
+    compared, valued = 0, set()
+    captures = sorted(sc.REAL.glob("*.xml"))
+    assert len(captures) >= 19
+    for path in captures:
+        cap = sc.load_xml(path)
+        _, gpus = hc.parse_xml(path.read_text())
+        assert [g["uuid"] for g in gpus] == [g["uuid"] for g in cap.gpus], path.name
+        for mine, theirs in zip(gpus, cap.gpus, strict=True):
+            for field in set(mine) & set(theirs) & set(kinds):
+                got = hc.value(kinds[field], mine[field])
+                assert got == hc.value(kinds[field], theirs[field]), (path.name, field, mine[field], theirs[field])
+                compared += 1
+                valued |= {field} if got is not None else set()
+    assert compared > 600
+    assert {"memory.total", "power.limit", "power.min_limit", "pcie.link.width.max", "compute_mode",
+            "persistence_mode", "ecc.errors.uncorrected.volatile.total"} <= valued

@@ -266,7 +266,8 @@ class Suite:
             held = self.wait_for(lambda: self.app_memory(pid), 120)
             checks.append(hc.check("holder", 0, "nvidia-smi lists the holder", True, held is not None))
             limit = max(v or 0 for v in baseline.values()) + HOLD_MIB // 4
-            free_with = "{stop_units: true}" if unit else f"{{kill: [{json.dumps(Path(how).name)}], grace: 5s}}"
+            comm = _comm(pid)  # without a unit, the holder is freed by its process name
+            free_with = "{stop_units: true}" if unit else f"{{kill: [{json.dumps(comm)}], grace: 5s}}"
             state = f"gpus:\n  max_memory_used: {limit}MiB\n  free_with: {free_with}\n  settle: 60s\n"
             rc, report, err = self.reconcile("diff", state)
             mine = next((h for h in (report.get("observed") or {}).get("holders", ()) if h["pid"] == pid), None)
@@ -445,6 +446,13 @@ class Suite:
             self.write()
             shutil.rmtree(self.tmp, ignore_errors=True)
         return self.report
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
 
 
 def _alive(pid: int) -> bool:
