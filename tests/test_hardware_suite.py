@@ -185,6 +185,11 @@ def test_real_entry_point_skips_without_a_driver(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("skipped: ")
     assert (tmp_path / "o" / "report.txt").read_text().startswith("reconcile hardware suite: skipped")
+    # The one command: it finds a Python with reconcile's dependencies and says the same.
+    proc = subprocess.run([str(HARDWARE / "run.sh")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OUT": str(tmp_path / "r")})
+    assert proc.returncode == 0 and proc.stdout == f"skipped: {why}\n", proc.stderr
+    assert (tmp_path / "r" / "report.txt").read_text() == f"reconcile hardware suite: skipped: {why}\n"
 
 
 def test_without_cuda_a_device_file_holder_is_named(tmp_path, fake_lib, holders):

@@ -19,8 +19,9 @@ short still leaves what it found):
    `reconcile apply`, read back with nvidia-smi, then set back; each restored through NVML in a
    `finally` and at exit whatever happened. Never MIG, ECC, clocks or a reset.
 
-The holder and the setters need root; without it only sections 1 and 2 run. Its self-test (tests/test_hardware_suite.py) runs the same
-code on the fake driver and the stand-in nvidia-smi (fake_smi.py), through `Rig`.
+The holder and the setters need root; without it only sections 1 and 2 run. Its self-test
+(tests/test_hardware_suite.py) runs the same code on the fake driver and the stand-in nvidia-smi
+(fake_smi.py), through `Rig`.
 """
 
 from __future__ import annotations
