@@ -99,7 +99,9 @@ def suite_run(tmp_path_factory, fake_lib):
     before = facts(fake_lib, config)
     h = gs.Holders()
     try:
-        report = hwsuite.Suite(tmp / "out", rig(tmp, fake_lib, config, h)).run_all()
+        # The fake refuses setters without root, as a real driver does: no setters section then.
+        sections = ("snapshot", "xid", "holder", "setters")[:None if os.geteuid() == 0 else 3]
+        report = hwsuite.Suite(tmp / "out", rig(tmp, fake_lib, config, h)).run_all(sections)
     finally:
         h.cleanup()
     return tmp, config, before, report
@@ -112,8 +114,9 @@ def checks_of(report: dict, section: str) -> list[dict]:
 def test_every_section_agrees_with_the_fake_driver(suite_run):
     tmp, _, _, report = suite_run
     statuses = {k: v["status"] for k, v in report["sections"].items()}
-    assert statuses == dict.fromkeys(("count", "query-gpu", "q-x", "minors", "smi-path", "health", "xid", "holder",
-                                      "setters"), "agree"), (tmp / "out" / "report.txt").read_text()
+    want = ("count", "query-gpu", "q-x", "minors", "smi-path", "health", "xid", "holder", "setters")
+    assert statuses == dict.fromkeys(want[:None if os.geteuid() == 0 else -1], "agree"), \
+        (tmp / "out" / "report.txt").read_text()
     # The report is on disk, as JSON and as text, and says the same.
     on_disk = json.loads((tmp / "out" / "report.json").read_text())
     assert on_disk["summary"] == report["summary"] and "disagree" not in report["summary"]["verdicts"]
@@ -140,13 +143,19 @@ def test_snapshot_compares_the_driver_s_facts(suite_run, fake_lib):
         ["healthy", "healthy"]
 
 
-def test_kernel_log_and_holder_and_setters(suite_run, fake_lib):
-    _, config, before, report = suite_run
+def test_kernel_log_and_holder(suite_run):
+    _, _, _, report = suite_run
     xid = {c["field"]: c for c in checks_of(report, "xid") if c["gpu"] is not None}
     assert xid["Xid 13 count"]["authority"] == 2 and xid["Xid 31 count"]["authority"] == 1
     holder = {c["field"]: c for c in checks_of(report, "holder")}
     assert holder["holder's memory (MiB)"]["authority"] == hwsuite.HOLD_MIB
     assert holder["holder gone"]["reconcile"] is False
+
+
+def test_setters_round_tripped_and_restored(suite_run, fake_lib):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the fake driver refuses setters without it, as a real one does")
+    _, config, before, report = suite_run
     # The setters went through the fake driver (its call log), and the GPU is as it was.
     calls = [(c, g, a) for c, g, a, _ in gs.setter_calls(config)]
     was = before[0]["limit"]
