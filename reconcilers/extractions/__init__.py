@@ -385,8 +385,10 @@ class ExtractionsReconciler(Reconciler):
             return Plan(actions=tuple(actions), blocked="; ".join(x for x in (unreadable, why) if x),
                         message=message, caveats=caveats)
         actions.append(Action("start", job.target, f"start {job.how} {job.target} to resume at {progress}",
-                              {"how": job.how}))
-        return Plan(actions=tuple(actions), blocked=unreadable, message=message, caveats=caveats)
+                              {"how": job.how}, once=True))
+        ended = job.ended()  # the job started last ended: say how, whether or not it is started again
+        return Plan(actions=tuple(actions), blocked=unreadable, message="; ".join(x for x in (ended, message) if x),
+                    caveats=caveats)
 
     # --- apply -----------------------------------------------------------------------
 
