@@ -55,7 +55,7 @@ from ...pipeline.contract import (
 from ...pipeline.values import format_duration, parse_duration
 from . import tally
 from .job import START_TIMEOUT, JobObserved, observe_jobs, start_command
-from .listing import QUARANTINE, Listing, leaf_form, list_tree
+from .listing import QUARANTINE, Listing, leaf_form, list_tree, unfinished_quarantines
 from .ranges import contains, format_ranges, intersect, last, normalize, size, subtract, to_ranges
 from .records import STATE_FORMAT, CheckRecord, RecentFile, boot_id, load_json, state_dir
 from .verdicts import CONTENT, STAT, STRUCTURE, UNREADABLE
@@ -110,6 +110,8 @@ class ExtractionObserved:
     unreadable: tuple[Damaged, ...] = ()  # files that could not be read (EIO, EACCES): not done, not moved
     content_checked: int = 0  # files of `checked` whose every byte was read (CRCs, decompression)
     no_crc: int = 0  # indices whose torch.save archive has no CRCs: tensor bytes unproven
+    # quarantine directories without a manifest: an apply was killed while it moved files
+    unfinished_quarantine: tuple[str, ...] = ()
 
 
 def _progress(total: int, counted: int, rate: float | None, eta: float | None) -> str:
@@ -325,13 +327,15 @@ class ExtractionsReconciler(Reconciler):
             missing_ranges_more=max(0, len(missing) - MAX_RANGES), damaged=tuple(bad), writing=writing,
             verify=verify, checked=checked, unverified_gz=size(gz_shallow), out_of_range=stray, rate=rate,
             newest=newest, eta_s=eta, job=job, unreadable=tuple(unreadable), content_checked=content_checked,
-            no_crc=size(no_crc_ranges),
+            no_crc=size(no_crc_ranges), unfinished_quarantine=tuple(unfinished_quarantines(root)) if exists else (),
         )
 
     # --- diff and plan ---------------------------------------------------------------
 
     def diff(self, resource: Resource, observed: ExtractionObserved) -> list[Drift]:
         drift = []
+        if observed.unfinished_quarantine:
+            drift.append(Drift("unfinished_quarantine", 0, len(observed.unfinished_quarantine)))
         if observed.damaged:
             drift.append(Drift("damaged", 0, len(observed.damaged)))
         if observed.unreadable:
@@ -354,6 +358,13 @@ class ExtractionsReconciler(Reconciler):
         if not drift:
             return Plan(message=message, caveats=caveats)
         actions: list[Action] = []
+        if observed.unfinished_quarantine:  # first: its records say what the moves before the kill were
+            names = observed.unfinished_quarantine
+            actions.append(Action(
+                "finish-quarantine", f"{observed.dir}/{QUARANTINE}",
+                f"write the manifest of {len(names)} quarantine{'s' if len(names) != 1 else ''} an apply was stopped "
+                f"in ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): from its move records and files",
+                {"dirs": list(names)}))
         if observed.damaged:
             n = len(observed.damaged)
             actions.append(Action(
@@ -397,6 +408,10 @@ class ExtractionsReconciler(Reconciler):
             from .quarantine import quarantine  # (it imports the file checks: only to act)
 
             return quarantine(resource, action.params.get("files", ()))
+        if action.action == "finish-quarantine":
+            from .quarantine import finish
+
+            return "; ".join(finish(resource, name) for name in action.params.get("dirs", ()))
         if action.action == "start":
             resume = resource.spec["resume"]
             if resume.get("unit"):
@@ -414,6 +429,8 @@ class ExtractionsReconciler(Reconciler):
             parts.append(f"{observed.missing:,} missing")
         if observed.damaged:
             parts.append(f"{len(observed.damaged)} damaged")
+        if observed.unfinished_quarantine:
+            parts.append(f"{len(observed.unfinished_quarantine)} unfinished quarantine")
         if observed.unreadable:
             parts.append(f"{len(observed.unreadable)} unreadable")
         if observed.writing:
