@@ -58,7 +58,7 @@ from .job import START_TIMEOUT, JobObserved, observe_jobs, start_command
 from .listing import QUARANTINE, Listing, leaf_form, list_tree, unfinished_quarantines
 from .ranges import contains, format_ranges, intersect, last, normalize, size, subtract, to_ranges
 from .records import STATE_FORMAT, CheckRecord, RecentFile, boot_id, load_json, state_dir
-from .verdicts import CONTENT, STAT, STRUCTURE, UNREADABLE
+from .verdicts import CONTENT, STAT, STRUCTURE, UNPROVEN, UNREADABLE
 
 # Files modified within RECENT_WINDOW before the newest one give the rate, and are re-read
 # when the machine has booted since they were checked, or their stat changed: after a VM
@@ -112,6 +112,8 @@ class ExtractionObserved:
     no_crc: int = 0  # indices whose torch.save archive has no CRCs: tensor bytes unproven
     # quarantine directories without a manifest: an apply was killed while it moved files
     unfinished_quarantine: tuple[str, ...] = ()
+    unproven: int = 0  # indices whose file cannot be proven whole (counted done, not moved)
+    unproven_first: tuple[Damaged, ...] = ()  # the first few of them this observation read, with why
 
 
 def _progress(total: int, counted: int, rate: float | None, eta: float | None) -> str:
@@ -244,18 +246,24 @@ class ExtractionsReconciler(Reconciler):
         good: list[int] = []
         shallow_gz: list[int] = []
         no_crc: list[int] = []
+        unproven: list[Damaged] = []
+        unproven_idx: list[int] = []
         seen_files: list[RecentFile] = []  # files looked at (those kept one by one), for the recent list
         writing = 0
         checked, content_checked = (result.checked, result.content) if verify != "none" else (0, 0)
         for idx, rel, v in ((h.idx, h.rel, h.v) for h in result.held):
             st = v.st
             if st is not None:
-                seen_files.append(RecentFile.of(rel, idx, st, v.whole))
+                seen_files.append(RecentFile.of(rel, idx, st, v.whole or v.state == UNPROVEN))
             if verify == "none":
                 continue
             checked += 1
             content_checked += v.depth == CONTENT
-            if v.whole:
+            if v.state == UNPROVEN:  # neither whole nor shown damaged: done, never moved, said
+                good.append(idx)
+                unproven_idx.append(idx)
+                unproven.append(Damaged(rel, v.reason, st.st_size if st else 0, st.st_mtime if st else 0.0))
+            elif v.whole:
                 good.append(idx)
                 if v.gz_shallow:
                     shallow_gz.append(idx)
@@ -303,6 +311,7 @@ class ExtractionsReconciler(Reconciler):
                                             to_ranges(bad_idx)) + good_ranges)
         gz_shallow = carry_over(record.gz_shallow if record else [], gz_ranges)
         no_crc_ranges = carry_over(record.no_crc if record else [], no_crc_now)
+        unproven_ranges = carry_over(record.unproven if record else [], to_ranges(unproven_idx))
         recent = sorted((f for f in seen_files + carried if f.index in window), key=lambda f: (f.index, f.rel))
         new_state = {
             "format": STATE_FORMAT, **key,
@@ -313,6 +322,7 @@ class ExtractionsReconciler(Reconciler):
             "boot_id": boot,
             "gz_shallow": [list(x) for x in gz_shallow],
             "no_crc": [list(x) for x in no_crc_ranges],
+            "unproven": [list(x) for x in unproven_ranges],
             "dirs": listing.cache,
         }
         # An unchanged tree leaves the file as it is: no write per diff.
@@ -327,7 +337,8 @@ class ExtractionsReconciler(Reconciler):
             missing_ranges_more=max(0, len(missing) - MAX_RANGES), damaged=tuple(bad), writing=writing,
             verify=verify, checked=checked, unverified_gz=size(gz_shallow), out_of_range=stray, rate=rate,
             newest=newest, eta_s=eta, job=job, unreadable=tuple(unreadable), content_checked=content_checked,
-            no_crc=size(no_crc_ranges), unfinished_quarantine=tuple(unfinished_quarantines(root)) if exists else (),
+            no_crc=size(no_crc_ranges), unproven=size(unproven_ranges), unproven_first=tuple(unproven[:3]),
+            unfinished_quarantine=tuple(unfinished_quarantines(root)) if exists else (),
         )
 
     # --- diff and plan ---------------------------------------------------------------
@@ -483,6 +494,12 @@ def _caveats(observed: ExtractionObserved) -> tuple[str, ...]:
         n = observed.no_crc
         out.append(f"{n:,} sample{'s' if n != 1 else ''} written without CRC-32s (torch.serialization."
                    "set_crc32_options(False)): tensor bytes cannot be verified, only searched for zeroed pages")
+    if observed.unproven:
+        n = observed.unproven
+        first = observed.unproven_first[0] if observed.unproven_first else None
+        out.append(f"{n:,} sample{'s' if n != 1 else ''} cannot be proven whole (safetensors ending in zeros where "
+                   "zeros may be data: counted done, not moved)" + (f": {first.path}: {first.reason}" if first else "")
+                   + "; move such a file aside by hand to have it regenerated")
     return tuple(out)
 
 
