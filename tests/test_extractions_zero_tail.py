@@ -40,15 +40,19 @@ def _tensors(data: bytes) -> tuple[int, list[tuple[int, int, str, str]]]:
     return 8 + n, spans
 
 
-def _offsets(data: bytes, rng: random.Random, k: int) -> list[int]:
+def _offsets(data: bytes, rng: random.Random, k: int) -> dict[int, str]:
+    """Where the zeros start: k random offsets in the tensor data ("random"), and with k > 20 the
+    bytes around each tensor boundary and in the last 100 bytes ("edge")."""
     start, spans = _tensors(data)
     size = len(data)
-    picks = {rng.randrange(start, size) for _ in range(k)}
+    picks = {}
     if k > 20:
         for a, _, _, _ in spans:
-            picks.update(x for x in (a - 70, a - 64, a - 2, a - 1, a, a + 1, a + 2, a + 64) if start <= x < size)
-        picks.update(size - d for d in (1, 2, 7, 8, 31, 33, 63, 64, 65, 100))
-    return sorted(picks)
+            picks.update((x, "edge") for x in (a - 70, a - 64, a - 2, a - 1, a, a + 1, a + 2, a + 64)
+                         if start <= x < size)
+        picks.update((size - d, "edge") for d in (1, 2, 7, 8, 31, 33, 63, 64, 65, 100))
+    picks.update((rng.randrange(start, size), "random") for _ in range(k))
+    return dict(sorted(picks.items()))
 
 
 def _verdict(path: Path, data: bytes) -> tuple[str, str]:
@@ -71,7 +75,8 @@ def test_zeroed_tails_against_the_real_library(tmp_path):
     plan = []
     for s in spec:
         data = Path(s["path"]).read_bytes()
-        s["offsets"] = _offsets(data, rng, s["copies"])
+        s["origin"] = _offsets(data, rng, s["copies"])
+        s["offsets"] = list(s["origin"])
         plan.append({**s, "damages": [{"kind": "zero", "start": x, "end": len(data)} for x in s["offsets"]]})
     proc, out = ts.start_judge(python, plan, tmp_path, "tails")
 
@@ -91,11 +96,13 @@ def test_zeroed_tails_against_the_real_library(tmp_path):
     judged = {it["path"]: it["results"] for it in ts.finish_judge(proc, out)["items"]}
 
     copies: Counter = Counter()
+    by_layout: Counter = Counter()
     problems = []
     for s in spec:
         for x, (state, reason, run), loaded in zip(s["offsets"], ours[s["path"]], judged[s["path"]], strict=True):
             damaged = loaded["load_file"] != "same"
             copies[("damaged" if damaged else "undamaged", state)] += 1
+            by_layout[(s["layout"], s["origin"][x], "damaged" if damaged else "undamaged", state)] += 1
             if damaged and run >= 64:
                 copies[("damaged, tail >= 64 B", state)] += 1
             if not damaged and state == "damaged":
@@ -114,6 +121,12 @@ def test_zeroed_tails_against_the_real_library(tmp_path):
           f"proven whole, {copies[('damaged', 'whole')]} whole; of the {n_long} with a zero tail of 64 bytes or more: "
           f"{copies[('damaged, tail >= 64 B', 'damaged')]} damaged, {copies[('damaged, tail >= 64 B', 'unproven')]} "
           f"unproven, {copies[('damaged, tail >= 64 B', 'whole')]} whole")
+    for layout in dict.fromkeys(s["layout"] for s in spec):
+        for origin in ("random", "edge"):
+            n = sum(v for (lay, o, k, _), v in by_layout.items() if (lay, o, k) == (layout, origin, "damaged"))
+            print(f"  {layout}, {origin} offsets: {n} damaged copies: " + ", ".join(
+                f"{(c := by_layout[(layout, origin, 'damaged', st)])} {st} ({100 * c / max(1, n):.1f}%)"
+                for st in ("damaged", "unproven", "whole")))
     assert not problems, "\n".join(problems[:30]) + f"\n({len(problems)} in all)"
     assert originals["damaged"] == 0 and n_damaged > 1000
     # SpecForge's own layout ends in its bf16 hidden state: every undamaged one is provably whole.
