@@ -364,13 +364,32 @@ class Host:
             raise
         finally:
             os.close(w)
-        with os.fdopen(r, "rb") as said:  # the reaper writes the pid once the command has exec'd
-            answer = said.read().decode(errors="replace")
+        answer = self._reaper_answer(r, proc)
         if answer.startswith("pid "):
             return int(answer[4:])
         proc.wait()
         code, _, why = answer.partition(" ")
         raise OSError(int(code) if code.isdigit() else 0, why or f"the job's reaper exited {proc.returncode}")
+
+    @staticmethod
+    def _reaper_answer(r: int, proc: subprocess.Popen, timeout: float = 60.0) -> str:
+        """What the reaper writes once the command has exec'd (its pid) or failed to (the error),
+        read to end of file within `timeout`: a reaper that never answers is killed, not waited for."""
+        import select
+
+        deadline = time.monotonic() + timeout
+        data = b""
+        with os.fdopen(r, "rb", buffering=0) as said:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([said], [], [], left)[0]:
+                    proc.kill()
+                    proc.wait()
+                    raise OSError(0, f"the job's reaper did not answer within {timeout:g}s")
+                chunk = said.read(4096)
+                if not chunk:
+                    return data.decode(errors="replace")
+                data += chunk
 
     def which(self, name: str) -> str | None:
         from shutil import which
