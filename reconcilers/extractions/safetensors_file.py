@@ -42,7 +42,7 @@ class SafetensorsDamage(Exception):
 
 def check_safetensors(src: Source, content: bool, on_disk: bool = True) -> str:
     """Raises SafetensorsDamage with the reason; returns "" when whole, else why the file cannot be
-    proven whole (the content check of a file on disk only)."""
+    proven whole (a file on disk, at either depth: its zeroed tail, see zero_tail)."""
     size = src.size
     if size < 8:
         raise SafetensorsDamage(f"truncated: {size} bytes, shorter than the 8-byte header length")
@@ -105,8 +105,10 @@ def zero_tail(src: Source, data_start: int, tensors: list[tuple[int, int, str, s
     where there is none, or it is shorter than MIN_ZERO_RUN and holds no whole float value."""
     size = src.size
     at = size  # the run is [at, size)
+    step = 4096  # first the last page, which the structural check has read already (FileSource.tail)
     while at > data_start:
-        lo = max(data_start, at - TAIL_CHUNK)
+        lo = max(data_start, at - step)
+        step = TAIL_CHUNK
         chunk = src.read_at(lo, at - lo)
         if len(chunk) != at - lo:
             raise SafetensorsDamage(f"the file ends before byte {at}, its own end (truncated while read?)")
