@@ -190,6 +190,26 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+# The parent of a job started with a status file (Host.spawn_detached): runs the command (its
+# exec errors come back as "ERRNO text", as Popen raises them), sends its pid, waits for it and
+# writes how it ended, atomically. Run with -I -S: nothing of the environment's site is imported.
+_REAPER = """
+import json, os, subprocess, sys
+w, status, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+try:
+    p = subprocess.Popen(argv)
+except OSError as e:
+    os.write(w, f"{e.errno or 0} {e.strerror or e}".encode())
+    sys.exit(127)
+os.write(w, f"pid {p.pid}".encode())
+os.close(w)
+rc = p.wait()
+with open(status + ".tmp", "w") as f:
+    json.dump({"pid": p.pid, "returncode": rc}, f)
+os.replace(status + ".tmp", status)
+"""
+
+
 class Host:
     """The local machine, optionally behind a command prefix."""
 
@@ -315,15 +335,61 @@ class Host:
         """Read what forked children (fork_call) wrote, each to its own deadline: collect_children."""
         return collect_children(children, idle)
 
-    def spawn_detached(self, argv: list[str] | tuple[str, ...], log_path: str, cwd: str | None = None) -> int:
+    def spawn_detached(self, argv: list[str] | tuple[str, ...], log_path: str, cwd: str | None = None,
+                       status_path: str | None = None) -> int:
         """Start a long-running command detached from us and return its pid, not waiting for it:
         its own session (no terminal signals reach it, it outlives us), stdin from /dev/null,
-        stdout and stderr appended to `log_path`."""
+        stdout and stderr appended to `log_path`.
+
+        With `status_path`, a small reaper (this Python, `_REAPER`) is the command's parent: it
+        waits for the command and writes `{"pid", "returncode"}` there when it ends (negative: the
+        signal that killed it), so a later observation can say how a job ended, which only a
+        parent can learn (waitpid). The pid returned is still the command's own."""
         full = (*self.prefix, *argv)
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=cwd, start_new_session=True, close_fds=True)
-        return proc.pid
+        if status_path is None:
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        cwd=cwd, start_new_session=True, close_fds=True)
+            return proc.pid
+        import sys
+
+        r, w = os.pipe()
+        try:
+            with open(log_path, "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, str(w), status_path, *full],
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
+                                        start_new_session=True, close_fds=True, pass_fds=(w,))
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        answer = self._reaper_answer(r, proc)
+        if answer.startswith("pid "):
+            return int(answer[4:])
+        proc.wait()
+        code, _, why = answer.partition(" ")
+        raise OSError(int(code) if code.isdigit() else 0, why or f"the job's reaper exited {proc.returncode}")
+
+    @staticmethod
+    def _reaper_answer(r: int, proc: subprocess.Popen, timeout: float = 60.0) -> str:
+        """What the reaper writes once the command has exec'd (its pid) or failed to (the error),
+        read to end of file within `timeout`: a reaper that never answers is killed, not waited for."""
+        import select
+
+        deadline = time.monotonic() + timeout
+        data = b""
+        with os.fdopen(r, "rb", buffering=0) as said:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([said], [], [], left)[0]:
+                    proc.kill()
+                    proc.wait()
+                    raise OSError(0, f"the job's reaper did not answer within {timeout:g}s")
+                chunk = said.read(4096)
+                if not chunk:
+                    return data.decode(errors="replace")
+                data += chunk
 
     def which(self, name: str) -> str | None:
         from shutil import which

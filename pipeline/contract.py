@@ -67,6 +67,10 @@ class Action:
     target: str  # what it acts on: a unit name, "pid 1234", a path
     description: str = ""  # one human line, e.g. "terminate 4242 (python) holding 75800 MiB on GPU 0"
     params: Mapping[str, Any] = field(default_factory=dict)  # what apply needs; saved with a plan
+    # Carried out at most once per resource in one apply, whatever a later pass plans: an action
+    # whose effect the next observation may not show (a job started that exited at once: starting
+    # it again would make two writers on one tree, or a crash loop). Not part of a saved plan.
+    once: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"action": self.action, "target": self.target}

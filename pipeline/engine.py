@@ -358,12 +358,17 @@ class Engine:
         failure = ""
         allowed = None if only is None else set(only.get(r.id, ()))
         not_allowed: dict[tuple[str, str], Action] = {}
+        once_done: set[tuple[str, str]] = set()  # `once` actions carried out: never again in this apply
         for _ in range(MAX_PASSES):
             drift, plan = self._assess(r, obs)
             actions = plan.actions
             if allowed is not None:
                 not_allowed.update({(a.action, a.target): a for a in actions if (a.action, a.target) not in allowed})
                 actions = tuple(a for a in actions if (a.action, a.target) in allowed)
+            # A later pass planning a `once` action again (a job started in the first pass exited at
+            # once, and the observation changed in other ways) does not repeat it: the report says
+            # what came of the first, and the next apply decides again.
+            actions = tuple(a for a in actions if (a.action, a.target) not in once_done)
             if not actions:
                 break
             before = to_plain(obs)
@@ -396,6 +401,8 @@ class Engine:
                     failure = failure or f"{action.action} {action.target} was carried out but {lost}"
                     stop = True
                 pass_results.append(done)
+                if action.once:
+                    once_done.add((action.action, action.target))
                 if stop:
                     break
             obs = self._verify(r)

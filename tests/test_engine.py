@@ -52,7 +52,8 @@ class ToyReconciler(Reconciler):
             return Plan(converging="working on it")
         if resource.spec.get("blocked"):
             return Plan(blocked="a person must act")
-        return Plan(actions=(Action("step", resource.name, f"step {resource.name}"),))
+        once = bool(resource.spec.get("once"))
+        return Plan(actions=(Action("step", resource.name, f"step {resource.name}", once=once),))
 
     def apply(self, host, resource, action):
         if resource.spec.get("fail"):
@@ -152,6 +153,16 @@ def test_passes_are_bounded():
     assert WORLD["applied"] == ["a"] * 3
     assert statuses(report) == {"toy:a": "drift"} and report.exit_code == 2
     assert "not verified" in report.resources[0].message
+
+
+def test_an_action_marked_once_is_not_repeated_by_a_later_pass():
+    log = ActionLog()
+    report = Engine(state(toy("a", want=3, once=True)), Host(), journal=log).apply()
+    assert WORLD["applied"] == ["a"]  # the next pass plans it again (level 1 of 3): not carried out
+    assert [e["event"] for e in log.entries] == ["intent", "result", "verified"]
+    assert statuses(report) == {"toy:a": "drift"} and "not verified" in report.resources[0].message
+    report = Engine(state(toy("a", want=3, once=True)), Host(), journal=log).apply()
+    assert WORLD["applied"] == ["a", "a"]  # once per apply: the next apply does it again
 
 
 def test_no_progress_is_not_retried():

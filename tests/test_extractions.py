@@ -32,6 +32,7 @@ from extraction_support import (
     write_samples,
 )
 from reconcile_host.reconcilers.extractions.listing import list_tree, scan
+from reconcile_host.reconcilers.extractions.records import STATE_FORMAT
 
 UNIT = "eagle3-extract.service"
 
@@ -130,7 +131,9 @@ def test_resume_command_detached_and_logged(tmp_path):
         pid = info["pid"]
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         if stat[0] != "Z":
-            assert int(stat[3]) == pid  # its own session: setsid, detached from reconcile
+            # Its own session (setsid), detached from reconcile: led by its reaper, its parent,
+            # which records how it ends (machines/host.py).
+            assert int(stat[3]) == int(stat[1]) != os.getsid(0)
             assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1] == FAKE_EXTRACT.encode()
         # A second apply while it runs does not start another one.
         rc, rep, _ = cli(tmp_path, "apply", str(state))
@@ -500,18 +503,20 @@ def test_check_record_of_the_earlier_format_or_damaged_is_not_fatal(tmp_path, st
     path = record_path(state)
     path.parent.mkdir(parents=True)
     newest = os.stat(out / "rows_0-10" / "data_9.ckpt").st_mtime
-    # Formats 1 and 2 were written by the checks before torch.save archives were read as
-    # torch.load reads them: every file is checked once more by the current rules, then kept.
+    # Formats 1 to 3 were written by earlier rules (before torch.save archives were read as
+    # torch.load reads them, before safetensors zero tails were judged): every file is checked
+    # once more by the current rules, then kept.
     path.write_text(json.dumps({"dir": str(out), "pattern": PATTERN, "verified": [[0, 9]], "seen": [[0, 9]],
                                 "recent": {"9": newest}, "newest": newest, "checked_at": 1.0}))
     obs = observe(spec)
     assert obs.done == 10 and obs.checked == 10
     rec = read_record(state)
-    assert rec["format"] == 3 and rec["verified"] == [[0, 9]] and "rows_0-10/" in rec["dirs"]
+    assert rec["format"] == STATE_FORMAT and rec["verified"] == [[0, 9]] and "rows_0-10/" in rec["dirs"]
     assert observe(spec).checked == 0
-    path.write_text(json.dumps({**rec, "format": 2}))
-    assert observe(spec).checked == 10
-    assert observe(spec).checked == 0
+    for earlier in range(2, STATE_FORMAT):
+        path.write_text(json.dumps({**rec, "format": earlier}))
+        assert observe(spec).checked == 10
+        assert observe(spec).checked == 0
     good = read_record(state)
     for damaged in ({**good, "verified": "0-9"}, {**good, "recent": [["x"]]}, {**good, "dirs": []},
                     {**good, "dirs": {"rows_0-10/": {**good["dirs"]["rows_0-10/"], "r": [[5, 2]]}}},

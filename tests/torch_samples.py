@@ -36,20 +36,40 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 HAS_MMAP = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 1)
 
 
-def record(t: int, h: int, dtype: str, seed: int) -> dict:
+def record(t: int, h: int, dtype: str, seed: int, layout: str = "specforge") -> dict:
+    """SpecForge's sample, or (`layout`) a variant with tensors that are legitimately zero at the end
+    of the file (safetensors orders tensors by dtype, largest first, then by name: BOOL and U8 last):
+    "padded-bool" / "padded-u8": an attention mask padded with zeros to a fixed length; "tokens": a
+    tokenised shard without hidden states (int64 ids padded with 0, a loss_mask ending in zeros);
+    "positions": int32 position ids; "tail-mask": the loss_mask zero over the last turn too."""
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(0, 151_000, (t,), dtype=torch.long, generator=g)
     loss_mask = torch.zeros(t, dtype=torch.long)
     loss_mask[t // 3:] = 1
+    if layout in ("tail-mask", "tokens"):
+        loss_mask[t - t // 4:] = 0
+    if layout == "tokens":
+        pad = t // 5
+        input_ids[t - pad:] = 0
+        attention = torch.ones(t, dtype=torch.long)
+        attention[t - pad:] = 0
+        return {"input_ids": input_ids, "loss_mask": loss_mask, "attention_mask": attention}
     dt = DTYPES[dtype]
     aux = torch.randn(1, t, 3 * h, generator=g).to(dt).clone()
     last = torch.randn(1, t, h, generator=g).to(dt).clone()
-    return {"input_ids": input_ids, "loss_mask": loss_mask, "aux_hidden_state": aux, "hidden_state": last}
+    out = {"input_ids": input_ids, "loss_mask": loss_mask, "aux_hidden_state": aux, "hidden_state": last}
+    if layout in ("padded-bool", "padded-u8"):
+        mask = torch.zeros(t + t // 2, dtype=torch.bool if layout == "padded-bool" else torch.uint8)
+        mask[:t] = 1
+        out["attention_mask"] = mask
+    if layout == "positions":
+        out["position_ids"] = torch.arange(t, dtype=torch.int32)
+    return out
 
 
 def write(spec: list[dict]) -> None:
     for s in spec:
-        rec = record(s["t"], s["h"], s["dtype"], s["seed"])
+        rec = record(s["t"], s["h"], s["dtype"], s["seed"], s.get("layout", "specforge"))
         if hasattr(torch.serialization, "set_crc32_options"):
             torch.serialization.set_crc32_options(s.get("crc", True))
         elif not s.get("crc", True):
@@ -89,7 +109,7 @@ def judge(plan: list[dict]) -> list[dict]:
     out = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("RECONCILE_JUDGE_TMP")) as tmp:
         for item in plan:
-            want = record(item["t"], item["h"], item["dtype"], item["seed"])
+            want = record(item["t"], item["h"], item["dtype"], item["seed"], item.get("layout", "specforge"))
             with open(item["path"], "rb") as fh:
                 pristine = fh.read()
             suffix = {"gz": ".ckpt.gz", "safetensors": ".safetensors"}.get(item["fmt"], ".ckpt")
@@ -134,8 +154,8 @@ def main() -> int:
     if cmd == "write":
         write(arg)
     elif cmd == "same":
-        bad = [s["path"] for s in arg
-               if _loaders(s["path"], s["fmt"], record(s["t"], s["h"], s["dtype"], s["seed"])) != _SAME[s["fmt"]]]
+        bad = [s["path"] for s in arg if _loaders(s["path"], s["fmt"], record(
+            s["t"], s["h"], s["dtype"], s["seed"], s.get("layout", "specforge"))) != _SAME[s["fmt"]]]
         if bad:
             raise SystemExit(f"not the samples they should be: {bad}")
     elif cmd == "judge":

@@ -55,10 +55,10 @@ from ...pipeline.contract import (
 from ...pipeline.values import dotted, format_duration, never_answers, parse_duration
 from . import tally
 from .job import START_TIMEOUT, JobObserved, observe_jobs, start_command
-from .listing import QUARANTINE, Listing, leaf_form, list_tree
+from .listing import QUARANTINE, Listing, leaf_form, list_tree, unfinished_quarantines
 from .ranges import contains, format_ranges, intersect, last, normalize, size, subtract, to_ranges
 from .records import STATE_FORMAT, CheckRecord, RecentFile, boot_id, load_json, state_dir
-from .verdicts import CONTENT, STAT, STRUCTURE, UNREADABLE
+from .verdicts import CONTENT, STAT, STRUCTURE, UNPROVEN, UNREADABLE
 
 # Files modified within RECENT_WINDOW before the newest one give the rate, and are re-read
 # when the machine has booted since they were checked, or their stat changed: after a VM
@@ -110,6 +110,10 @@ class ExtractionObserved:
     unreadable: tuple[Damaged, ...] = ()  # files that could not be read (EIO, EACCES): not done, not moved
     content_checked: int = 0  # files of `checked` whose every byte was read (CRCs, decompression)
     no_crc: int = 0  # indices whose torch.save archive has no CRCs: tensor bytes unproven
+    # quarantine directories without a manifest: an apply was killed while it moved files
+    unfinished_quarantine: tuple[str, ...] = ()
+    unproven: int = 0  # indices whose file cannot be proven whole (counted done, not moved)
+    unproven_first: tuple[Damaged, ...] = ()  # the first few of them this observation read, with why
 
 
 def _progress(total: int, counted: int, rate: float | None, eta: float | None) -> str:
@@ -251,18 +255,24 @@ class ExtractionsReconciler(Reconciler):
         good: list[int] = []
         shallow_gz: list[int] = []
         no_crc: list[int] = []
+        unproven: list[Damaged] = []
+        unproven_idx: list[int] = []
         seen_files: list[RecentFile] = []  # files looked at (those kept one by one), for the recent list
         writing = 0
         checked, content_checked = (result.checked, result.content) if verify != "none" else (0, 0)
         for idx, rel, v in ((h.idx, h.rel, h.v) for h in result.held):
             st = v.st
             if st is not None:
-                seen_files.append(RecentFile.of(rel, idx, st, v.whole))
+                seen_files.append(RecentFile.of(rel, idx, st, v.whole or v.state == UNPROVEN))
             if verify == "none":
                 continue
             checked += 1
             content_checked += v.depth == CONTENT
-            if v.whole:
+            if v.state == UNPROVEN:  # neither whole nor shown damaged: done, never moved, said
+                good.append(idx)
+                unproven_idx.append(idx)
+                unproven.append(Damaged(rel, v.reason, st.st_size if st else 0, st.st_mtime if st else 0.0))
+            elif v.whole:
                 good.append(idx)
                 if v.gz_shallow:
                     shallow_gz.append(idx)
@@ -310,6 +320,7 @@ class ExtractionsReconciler(Reconciler):
                                             to_ranges(bad_idx)) + good_ranges)
         gz_shallow = carry_over(record.gz_shallow if record else [], gz_ranges)
         no_crc_ranges = carry_over(record.no_crc if record else [], no_crc_now)
+        unproven_ranges = carry_over(record.unproven if record else [], to_ranges(unproven_idx))
         recent = sorted((f for f in seen_files + carried if f.index in window), key=lambda f: (f.index, f.rel))
         new_state = {
             "format": STATE_FORMAT, **key,
@@ -320,6 +331,7 @@ class ExtractionsReconciler(Reconciler):
             "boot_id": boot,
             "gz_shallow": [list(x) for x in gz_shallow],
             "no_crc": [list(x) for x in no_crc_ranges],
+            "unproven": [list(x) for x in unproven_ranges],
             "dirs": listing.cache,
         }
         # An unchanged tree leaves the file as it is: no write per diff.
@@ -334,13 +346,16 @@ class ExtractionsReconciler(Reconciler):
             missing_ranges_more=max(0, len(missing) - MAX_RANGES), damaged=tuple(bad), writing=writing,
             verify=verify, checked=checked, unverified_gz=size(gz_shallow), out_of_range=stray, rate=rate,
             newest=newest, eta_s=eta, job=job, unreadable=tuple(unreadable), content_checked=content_checked,
-            no_crc=size(no_crc_ranges),
+            no_crc=size(no_crc_ranges), unproven=size(unproven_ranges), unproven_first=tuple(unproven[:3]),
+            unfinished_quarantine=tuple(unfinished_quarantines(root)) if exists else (),
         )
 
     # --- diff and plan ---------------------------------------------------------------
 
     def diff(self, resource: Resource, observed: ExtractionObserved) -> list[Drift]:
         drift = []
+        if observed.unfinished_quarantine:
+            drift.append(Drift("unfinished_quarantine", 0, len(observed.unfinished_quarantine)))
         if observed.damaged:
             drift.append(Drift("damaged", 0, len(observed.damaged)))
         if observed.unreadable:
@@ -363,6 +378,13 @@ class ExtractionsReconciler(Reconciler):
         if not drift:
             return Plan(message=message, caveats=caveats)
         actions: list[Action] = []
+        if observed.unfinished_quarantine:  # first: its records say what the moves before the kill were
+            names = observed.unfinished_quarantine
+            actions.append(Action(
+                "finish-quarantine", f"{observed.dir}/{QUARANTINE}",
+                f"write the manifest of {len(names)} quarantine{'s' if len(names) != 1 else ''} an apply was stopped "
+                f"in ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): from its move records and files",
+                {"dirs": list(names)}))
         if observed.damaged:
             n = len(observed.damaged)
             actions.append(Action(
@@ -394,8 +416,10 @@ class ExtractionsReconciler(Reconciler):
             return Plan(actions=tuple(actions), blocked="; ".join(x for x in (unreadable, why) if x),
                         message=message, caveats=caveats)
         actions.append(Action("start", job.target, f"start {job.how} {job.target} to resume at {progress}",
-                              {"how": job.how}))
-        return Plan(actions=tuple(actions), blocked=unreadable, message=message, caveats=caveats)
+                              {"how": job.how}, once=True))
+        ended = job.ended()  # the job started last ended: say how, whether or not it is started again
+        return Plan(actions=tuple(actions), blocked=unreadable, message="; ".join(x for x in (ended, message) if x),
+                    caveats=caveats)
 
     # --- apply -----------------------------------------------------------------------
 
@@ -404,6 +428,10 @@ class ExtractionsReconciler(Reconciler):
             from .quarantine import quarantine  # (it imports the file checks: only to act)
 
             return quarantine(resource, action.params.get("files", ()))
+        if action.action == "finish-quarantine":
+            from .quarantine import finish
+
+            return "; ".join(finish(resource, name) for name in action.params.get("dirs", ()))
         if action.action == "start":
             resume = resource.spec["resume"]
             if resume.get("unit"):
@@ -421,6 +449,8 @@ class ExtractionsReconciler(Reconciler):
             parts.append(f"{observed.missing:,} missing")
         if observed.damaged:
             parts.append(f"{len(observed.damaged)} damaged")
+        if observed.unfinished_quarantine:
+            parts.append(f"{len(observed.unfinished_quarantine)} unfinished quarantine")
         if observed.unreadable:
             parts.append(f"{len(observed.unreadable)} unreadable")
         if observed.writing:
@@ -473,6 +503,12 @@ def _caveats(observed: ExtractionObserved) -> tuple[str, ...]:
         n = observed.no_crc
         out.append(f"{n:,} sample{'s' if n != 1 else ''} written without CRC-32s (torch.serialization."
                    "set_crc32_options(False)): tensor bytes cannot be verified, only searched for zeroed pages")
+    if observed.unproven:
+        n = observed.unproven
+        first = observed.unproven_first[0] if observed.unproven_first else None
+        out.append(f"{n:,} sample{'s' if n != 1 else ''} cannot be proven whole (safetensors ending in zeros where "
+                   "zeros may be data: counted done, not moved)" + (f": {first.path}: {first.reason}" if first else "")
+                   + "; move such a file aside by hand to have it regenerated")
     return tuple(out)
 
 

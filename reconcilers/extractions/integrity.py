@@ -9,7 +9,9 @@
   (torch.serialization.set_crc32_options(False)) cannot be proven: it gets the zero-page look
   of safetensors instead, and says so (`no_crc`);
 - safetensors: structurally complete (the library's own rules) and, in the content check, no
-  crash-zeroed page found in float tensor data (safetensors_file.py): the format has no checksum;
+  crash-zeroed page found in float tensor data and no zeroed tail (safetensors_file.py): the format
+  has no checksum. A file ending in zeros where zeros may be data is UNPROVEN: "cannot be proven
+  whole", neither whole nor damaged;
 - `.gz` (SpecForge's `--compress`): only a full decompression proves it (gzipstream.py, with
   CPython gzip's rules on what may follow the last member); then the content is checked as
   above, with its CRCs. The structural check reads the gzip header only, and such a file is
@@ -39,6 +41,7 @@ from .verdicts import (  # noqa: F401  (the names of a verdict, used with check_
     STAT,
     STRUCTURE,
     UNCHECKED,
+    UNPROVEN,
     UNREADABLE,
     WHOLE,
     Verdict,
@@ -231,8 +234,8 @@ def _check(fd: int, st: os.stat_result, kind: str, depth: str) -> Verdict:
         result, _ = check_torch_zip(FileSource(fd, size), content)
         return _new(Verdict, (WHOLE, "", depth, st, result.no_crc, False, result.trailing))  # (hot path)
     if kind == "safetensors":
-        check_safetensors(FileSource(fd, size), content)
-        return Verdict(WHOLE, depth=depth, st=st)
+        unproven = check_safetensors(FileSource(fd, size), content)
+        return Verdict(UNPROVEN, unproven, depth, st) if unproven else Verdict(WHOLE, depth=depth, st=st)
     with os.fdopen(os.dup(fd), "rb") as fh:
         if not content:
             check_header(fh)  # the first member's header parses; the rest is unread

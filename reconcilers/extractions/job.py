@@ -3,6 +3,7 @@ file names one process by pid and start time), or a resume unit started through 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,20 @@ class JobObserved:
     state: str  # "active/running", "pid 4242 running", "not running", "not found"
     pid: int = 0
     exists: bool = True  # False: the resume unit is not known to systemd
+    # A resume command reconcile started that has ended: how (its exit status; negative: killed by
+    # that signal), when it was started, and the last lines of its log.
+    exit_status: int | None = None
+    started: str = ""
+    log_tail: str = ""
+
+    def ended(self) -> str:
+        """How the last started command ended, with its log's last lines; "" if unknown or running."""
+        if self.running or self.exit_status is None:
+            return ""
+        how = (f"killed by signal {-self.exit_status}" if self.exit_status < 0
+               else f"exited with status {self.exit_status}")
+        text = f"the job started {self.started} {how}" if self.started else f"the job {how}"
+        return text + (f"; the end of its log: {self.log_tail}" if self.log_tail else "; its log is empty")
 
 
 
@@ -63,9 +78,42 @@ def observe_jobs(host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
             jobs[r.id] = JobObserved("none", "", False, "no resume declared")
             continue
         pid = command_pid(host, r.name)
-        jobs[r.id] = JobObserved("command", " ".join(argv), bool(pid),
-                                 f"pid {pid} running" if pid else "not running", pid or 0)
+        if pid:
+            jobs[r.id] = JobObserved("command", " ".join(argv), True, f"pid {pid} running", pid)
+            continue
+        status, started, tail = command_ended(r.name)
+        state = "not running" if status is None else f"not running (exited {status})"
+        jobs[r.id] = JobObserved("command", " ".join(argv), False, state, 0, exit_status=status,
+                                 started=started, log_tail=tail)
     return jobs
+
+
+LOG_TAIL_LINES = 5
+LOG_TAIL_BYTES = 2048
+
+
+def command_ended(name: str) -> tuple[int | None, str, str]:
+    """How the command reconcile last started ended: (exit status, its start time, its log's last
+    lines), from the status file its reaper wrote (machines/host.py `_REAPER`) for that very pid;
+    (None, "", "") when no such record exists (still starting, or started by an older reconcile)."""
+    d = state_dir()
+    info = load_json(d / f"{name}.pid")
+    ended = load_json(d / f"{name}.exit.json")
+    if not info or not ended or ended.get("pid") != info.get("pid") or not isinstance(ended.get("returncode"), int):
+        return None, "", ""
+    return ended["returncode"], str(info.get("started", "")), log_tail(d / f"{name}.log")
+
+
+def log_tail(path: os.PathLike | str) -> str:
+    """The last LOG_TAIL_LINES non-empty lines of a log (at most LOG_TAIL_BYTES), joined by " | "."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - LOG_TAIL_BYTES))
+            data = fh.read(LOG_TAIL_BYTES)
+    except OSError:
+        return ""
+    lines = [x.strip() for x in data.decode("utf-8", "replace").splitlines() if x.strip()]
+    return " | ".join(lines[-LOG_TAIL_LINES:])
 
 
 def proc_starttime(host: Host, pid: int) -> str | None:
@@ -95,12 +143,14 @@ def start_command(host: Host, resource: Resource) -> str:
     d = state_dir()
     d.mkdir(parents=True, exist_ok=True)
     log = d / f"{resource.name}.log"
+    status = d / f"{resource.name}.exit.json"
     try:
-        pid = host.spawn_detached(argv, str(log), cwd=resume.get("cwd"))
+        status.unlink(missing_ok=True)  # how the previous job ended: not this one's
+        pid = host.spawn_detached(argv, str(log), cwd=resume.get("cwd"), status_path=str(status))
     except OSError as exc:
         raise ApplyError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
     write_json(d / f"{resource.name}.pid", {
         "pid": pid, "starttime": proc_starttime(host, pid), "argv": argv, "log": str(log),
-        "started": utc_iso(),
+        "status": str(status), "started": utc_iso(),
     })
     return f"started pid {pid}: {' '.join(argv)} (output in {log})"

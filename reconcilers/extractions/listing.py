@@ -16,6 +16,7 @@ from .ranges import intersect, normalize, runs, valid_ranges
 
 # The directory damaged samples are moved to (quarantine.py); never listed as samples.
 QUARANTINE = ".reconcile-quarantine"
+MANIFEST = "manifest.json"  # written when a quarantine's moves are over (quarantine.py)
 # A directory listing is trusted later only if the directory's mtime was at least this much
 # older than the moment the listing started (2 s: FAT's timestamp granularity, the coarsest
 # in use; Linux's own clock ticks are milliseconds).
@@ -323,3 +324,14 @@ def scan(root: str, pattern: str, total: int) -> tuple[dict[int, str], dict[int,
                     add(zip(indices, paths, strict=True))
         add((i, leaf.rel + name) for i, name in leaf.named if i < total)
     return found, extra, listing.counts(total)[1]
+
+
+def unfinished_quarantines(root: str) -> list[str]:
+    """The quarantine directories under `root` without a manifest: moves an apply began and did
+    not finish (killed), by name, oldest first. Cheap: one listing and a stat per directory."""
+    qroot = os.path.join(root, QUARANTINE)
+    try:
+        names = sorted(e.name for e in os.scandir(qroot) if e.is_dir(follow_symlinks=False))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [n for n in names if not os.path.lexists(os.path.join(qroot, n, MANIFEST))]

@@ -14,11 +14,13 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-# Format 3 adds `gz_shallow` and `no_crc`. Format 2 (the same without them) and format 1 (no
-# `format` key; recent files as {index: mtime}) were written by the checks before torch.save
-# archives were read as torch.load reads them: their `verified` is dropped, so every file is
-# checked once more by the current rules (the listing cache and the recent files are kept).
-STATE_FORMAT = 3
+# Format 4 adds `unproven` (safetensors files whose zero tail cannot be judged); format 3 added
+# `gz_shallow` and `no_crc`. Formats 3 and 2 (the same without them) and format 1 (no `format`
+# key; recent files as {index: mtime}) were written by earlier rules (before torch.save archives
+# were read as torch.load reads them; before safetensors zero tails were judged): their
+# `verified` is dropped, so every file is checked once more by the current rules (the listing
+# cache and the recent files are kept).
+STATE_FORMAT = 4
 
 
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
@@ -80,6 +82,7 @@ class CheckRecord:
     dirs: dict[str, Any]
     gz_shallow: list[tuple[int, int]]  # indices whose .gz was never decompressed
     no_crc: list[tuple[int, int]]  # indices whose archive has no CRCs
+    unproven: list[tuple[int, int]]  # indices whose file cannot be proven whole
 
     @classmethod
     def parse(cls, data: dict[str, Any] | None, key: dict[str, Any]) -> CheckRecord | None:
@@ -91,7 +94,7 @@ class CheckRecord:
             seen = valid_ranges(data.get("seen", []))
             newest = data.get("newest")
             newest = float(newest) if newest is not None else None
-            if data.get("format") in (2, STATE_FORMAT):
+            if data.get("format") in (2, 3, STATE_FORMAT):
                 recent = [RecentFile(str(r), int(i), int(s), int(m), int(c), int(n), bool(w))
                           for r, i, s, m, c, n, w in data.get("recent", [])]
                 boot = data.get("boot_id")
@@ -100,8 +103,9 @@ class CheckRecord:
                 return cls(verified if current else [], seen, recent, newest,
                            boot if isinstance(boot, str) else None, dirs if isinstance(dirs, dict) else {},
                            valid_ranges(data.get("gz_shallow", [])) if current else [],
-                           valid_ranges(data.get("no_crc", [])) if current else [])
+                           valid_ranges(data.get("no_crc", [])) if current else [],
+                           valid_ranges(data.get("unproven", [])) if current else [])
             # Format 1 kept recent files as {index: mtime}, without a stat to compare: not kept.
-            return cls([], seen, [], newest, None, {}, [], [])
+            return cls([], seen, [], newest, None, {}, [], [], [])
         except (TypeError, ValueError, AttributeError):
             return None

@@ -8,8 +8,14 @@ The rules are those of the safetensors library (huggingface/safetensors, safeten
 holds exactly prod(shape) × the dtype's bits / 8 bytes; the file is exactly 8 + N + the last end.
 
 The content check adds what a crash leaves: a 4 KiB file page of zeros (delayed allocation: the
-size was committed, the data not) inside a float tensor (F16, BF16, F32, F64: hidden states).
-Never inside integer tensors: a `loss_mask` is zero over every prompt token.
+size was committed, the data not) inside a float tensor (F16, BF16, F32, F64: hidden states), and
+a tail of zeros from any offset to the end of the file (a last page written back only in part,
+the rest of the file never). Never a page inside integer tensors: a `loss_mask` is zero over every
+prompt token. The tail (`zero_tail`): zeros over the last MIN_ZERO_RUN bytes or more of a float
+tensor are damage (real hidden states hold no run of 32 exact zeros, and a crash's zeros run on to
+the end of the file, across every tensor after); zeros that end the file where they may be data
+(integer or bool tensors: a mask padded with zeros; a few float values) cannot be told from a
+crash's, and the file "cannot be proven whole" (an UNPROVEN verdict, not WHOLE).
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ class SafetensorsDamage(Exception):
     pass
 
 
-def check_safetensors(src: Source, content: bool, on_disk: bool = True) -> None:
-    """Raises SafetensorsDamage with the reason."""
+def check_safetensors(src: Source, content: bool, on_disk: bool = True) -> str:
+    """Raises SafetensorsDamage with the reason; returns "" when whole, else why the file cannot be
+    proven whole (a file on disk, at either depth: its zeroed tail, see zero_tail)."""
     size = src.size
     if size < 8:
         raise SafetensorsDamage(f"truncated: {size} bytes, shorter than the 8-byte header length")
@@ -74,7 +81,7 @@ def check_safetensors(src: Source, content: bool, on_disk: bool = True) -> None:
         raise SafetensorsDamage(f"truncated: {size} of {want} bytes")
     if size > want:
         raise SafetensorsDamage(f"{size - want} bytes after the last tensor ({want} expected)")
-    if content and on_disk:
+    if content and on_disk:  # (decompressed content: the gzip CRC proved it already)
         floats = [(8 + n + begin, 8 + n + end, name, dtype) for name, dtype, begin, end, _ in tensors
                   if dtype in FLOAT_DTYPES and end > begin]
         at = src.first_zero_page([(a, b) for a, b, _, _ in floats])
@@ -82,6 +89,50 @@ def check_safetensors(src: Source, content: bool, on_disk: bool = True) -> None:
             name, dtype = next(((t, d) for a, b, t, d in floats if a < at + 4096 and at < b), ("?", "?"))
             raise SafetensorsDamage(f"tensor {name!r}: a 4 KiB page of zeros at byte {at} in {dtype} data "
                                     "(lost in a crash?)")
+    if on_disk:  # at either depth: the end of the file is read anyway (FileSource's last page)
+        return zero_tail(src, 8 + n, [(8 + n + begin, 8 + n + end, name, dtype)
+                                      for name, dtype, begin, end, _ in tensors if end > begin])
+    return ""
+
+
+MIN_ZERO_RUN = 64  # bytes: 32 bf16 / 16 f32 values, none of which a hidden state has exactly 0
+TAIL_CHUNK = 64 * 1024
+
+
+def zero_tail(src: Source, data_start: int, tensors: list[tuple[int, int, str, str]]) -> str:
+    """The run of zeros the file ends in, judged (module docstring): raises SafetensorsDamage where
+    it is shown to be damage; returns why the file cannot be proven whole where it may be data; ""
+    where there is none, or it is shorter than MIN_ZERO_RUN and holds no whole float value."""
+    size = src.size
+    at = size  # the run is [at, size)
+    step = 4096  # first the last page, which the structural check has read already (FileSource.tail)
+    while at > data_start:
+        lo = max(data_start, at - step)
+        step = TAIL_CHUNK
+        chunk = src.read_at(lo, at - lo)
+        if len(chunk) != at - lo:
+            raise SafetensorsDamage(f"the file ends before byte {at}, its own end (truncated while read?)")
+        stripped = chunk.rstrip(b"\0")
+        at = lo + len(stripped)
+        if stripped:
+            break
+    run = size - at
+    if run == 0:
+        return ""
+    inside = [(name, dtype, b - max(a, at), b - a) for a, b, name, dtype in tensors if b > at]
+    for name, dtype, zeros, nbytes in inside:
+        if dtype in FLOAT_DTYPES and zeros >= MIN_ZERO_RUN:
+            what = "all of" if zeros == nbytes else f"the last {zeros} bytes of"
+            raise SafetensorsDamage(f"zeros from byte {at} to the end of the file ({run} bytes) over {what} {dtype} "
+                                    f"tensor {name!r} (a tail lost in a crash?)")
+    floats = [(name, dtype, zeros) for name, dtype, zeros, _ in inside
+              if dtype in FLOAT_DTYPES and zeros >= DTYPE_BITS[dtype] // 8]
+    if run < MIN_ZERO_RUN and not floats:
+        return ""  # a few zero bytes of integer data (an int64 1 ends in 7): not told from a crash's
+    where = ", ".join(f"{name!r} ({dtype}, {zeros} bytes)" for name, dtype, zeros, _ in inside[-3:])
+    where = (f"{len(inside) - 3} tensors, then " if len(inside) > 3 else "") + where
+    return (f"cannot be proven whole: the file ends in {run} zero bytes from byte {at}, over {where}, "
+            "where zeros may be data; a crash's zeroed tail would look the same")
 
 
 def _no_constant(name: str) -> None:

@@ -25,7 +25,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
 
 from .ranges import normalize, size, to_ranges
-from .verdicts import CONTENT, GONE, STRUCTURE, Verdict
+from .verdicts import CONTENT, GONE, STRUCTURE, UNPROVEN, Verdict
 
 if TYPE_CHECKING:
     from .listing import Listing
@@ -289,7 +289,7 @@ def _recent_pass(check: Check, held: list[Held], since: float,
     """Phase 2: the whole files checked for their structure only, modified at `since` or later,
     read whole; a verdict replaces the structural one unless the file is gone by then."""
     todo = [n for n, h in enumerate(held)
-            if h.v.whole and h.v.depth == STRUCTURE and h.v.st.st_mtime_ns / 1e9 >= since]
+            if (h.v.whole or h.v.state == UNPROVEN) and h.v.depth == STRUCTURE and h.v.st.st_mtime_ns / 1e9 >= since]
     if not todo:
         return held
     tasks: list[list[tuple[int, str]]] = [[]]

@@ -12,11 +12,14 @@ from typing import NamedTuple
 
 STAT, STRUCTURE, CONTENT = "stat", "structure", "content"
 WHOLE, DAMAGED, UNREADABLE, GONE, UNCHECKED = "whole", "damaged", "unreadable", "gone", "unchecked"
+# Well-formed, but its content cannot be proven what was written, nor shown damaged (a safetensors
+# file ending in zeros where zeros may be data): counted done, never moved, said in a caveat.
+UNPROVEN = "unproven"
 
 
 class Verdict(NamedTuple):  # a tuple: a million of them are made, and sent between processes
-    state: str  # WHOLE, DAMAGED, UNREADABLE, GONE (vanished since listed), UNCHECKED (depth STAT)
-    reason: str = ""  # why DAMAGED or UNREADABLE
+    state: str  # WHOLE, DAMAGED, UNREADABLE, GONE (vanished since listed), UNCHECKED (depth STAT), UNPROVEN
+    reason: str = ""  # why DAMAGED, UNREADABLE or UNPROVEN
     depth: str = STRUCTURE  # how deep the check went
     st: os.stat_result | None = None
     no_crc: bool = False  # a torch.save ZIP without CRCs: its tensor bytes cannot be proven
