@@ -89,9 +89,20 @@ def _problems_case(doc: dict[str, Any]) -> ET.Element:
     return case
 
 
+def _refusal_case(doc: dict[str, Any]) -> ET.Element:
+    """A refused run (lock held, another machine, unreachable host): one test case, one <error>
+    whose type is the reason, so a CI job that stores the file records the host that needs attention."""
+    error = doc["error"]
+    case = ET.Element("testcase", {"classname": "reconcile", "name": _clean(error.get("reason", "error"))})
+    el = ET.SubElement(case, "error", {"type": _clean(error.get("reason", "error")),
+                                       "message": _clean(error.get("message", ""))})
+    el.text = _clean(error.get("message", ""))
+    return case
+
+
 def to_junit(doc: dict[str, Any]) -> ET.Element:
     resources = doc.get("resources", [])
-    problems = bool(doc.get("problems"))
+    problems = bool(doc.get("problems") or doc.get("error"))
     counts = {
         "tests": len(resources) + problems,
         "failures": sum(1 for r in resources if r["status"] in ("drift", "blocked")),
@@ -115,8 +126,13 @@ def to_junit(doc: dict[str, Any]) -> ET.Element:
                  "exit_code"):
         if doc.get(name) is not None:
             ET.SubElement(props, "property", {"name": name, "value": _clean(format_value(doc[name]))})
-    if problems:
+    for key, value in (doc.get("machine") or {}).items():  # which machine answered (hostname, machine-id, ...)
+        if value is not None:
+            ET.SubElement(props, "property", {"name": f"machine.{key}", "value": _clean(value)})
+    if doc.get("problems"):
         suite.append(_problems_case(doc))
+    elif problems:
+        suite.append(_refusal_case(doc))
     for res in resources:
         suite.append(_testcase(res))
     if doc.get("notes"):
