@@ -146,3 +146,31 @@ def render_junit(doc: dict[str, Any], out: IO[str]) -> None:
     out.write('<?xml version="1.0" encoding="UTF-8"?>\n')
     out.write(ET.tostring(root, encoding="unicode"))
     out.write("\n")
+
+
+def render_inventory_junit(doc: dict[str, Any], out: IO[str]) -> None:
+    """An inventory run: one <testsuite> per host (its report's, as above), and for a host with no
+    report (unreachable, refused) a suite of one <error> whose type is the reason."""
+    title = f"reconcile {doc['command']}{' --dry-run' if doc.get('dry_run') else ''} --inventory"
+    root = ET.Element("testsuites", {"name": _clean(f"{title} {doc['inventory']}")})
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for entry in doc["hosts"]:
+        report = entry.get("report")
+        if report is None:
+            from ..pipeline.report import refusal_report
+
+            report = refusal_report(doc["command"], entry.get("state_file", ""), entry.get("reason") or "remote-error",
+                                    entry.get("error") or "no report", dry_run=bool(doc.get("dry_run")),
+                                    host=entry["host"])
+        suite = to_junit(report).find("testsuite")
+        assert suite is not None
+        suite.set("name", _clean(f"{entry['host']} ({entry.get('target', '')})"))
+        for key in totals:
+            totals[key] += int(suite.get(key, "0"))
+        root.append(suite)
+    for key, n in totals.items():
+        root.set(key, str(n))
+    ET.indent(root)
+    out.write('<?xml version="1.0" encoding="UTF-8"?>\n')
+    out.write(ET.tostring(root, encoding="unicode"))
+    out.write("\n")

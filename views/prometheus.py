@@ -165,18 +165,20 @@ def _gpu_metrics(m: Metrics, rid: str, observed: Mapping[str, Any], hostname: st
     m.family("reconcile_gpu_temperature_celsius", "gauge", "GPU temperature.")
     m.family("reconcile_gpu_power_watts", "gauge", "GPU power draw.")
     m.family("reconcile_gpu_info", "gauge", "One per GPU, 1, labelled as NVIDIA's dcgm-exporter labels its "
-                                            "series (gpu, UUID, pci_bus_id, device, modelName, Hostname).")
+                                            "series (gpu, UUID, pci_bus_id, device, Hostname), and its model.")
     for g in gpus:
         # `UUID` and `pci_bus_id` as dcgm-exporter spells them (its DCGM_FI_* series carry gpu, UUID,
         # pci_bus_id, device, modelName, Hostname): `* on (UUID) group_left` joins the two without
-        # label_replace; `uuid`/`bus_id` stay for the rules and queries written before.
+        # label_replace; `uuid`/`bus_id` stay for the rules and queries written before. The model is
+        # `model_name`: promtool's lint refuses camelCase label names, and dcgm's modelName comes
+        # with the join (group_left (modelName)).
         labels = {"gpu": g.get("index"), "uuid": g.get("uuid", ""), "bus_id": g.get("bus_id", ""),
                   "UUID": g.get("uuid", ""), "pci_bus_id": g.get("bus_id", "")}
         minor = g.get("minor")
         m.add("reconcile_gpu_info", 1, {"gpu": g.get("index"), "UUID": g.get("uuid", ""),
                                         "pci_bus_id": g.get("bus_id", ""),
                                         "device": f"nvidia{minor}" if isinstance(minor, int) else "",
-                                        "modelName": g.get("name") or "", "Hostname": hostname})
+                                        "model_name": g.get("name") or "", "Hostname": hostname})
         health = g.get("health", "unknown")
         for value in GPU_HEALTH:
             m.add("reconcile_gpu_health", int(health == value), {**labels, "health": value})
