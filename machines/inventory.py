@@ -304,7 +304,8 @@ def render_text(results: list[HostResult], doc: dict[str, Any], verbose: bool) -
         dash = lambda v: "-" if v is None else str(v)  # noqa: E731
         note = r.error.splitlines()[0] if r.error else ""
         if r.same_machine_as:
-            note = f"same machine as {', '.join(r.same_machine_as)} (machine-id)" + (f"; {note}" if note else "")
+            more = f" (+{len(r.same_machine_as) - 1} more)" if len(r.same_machine_as) > 1 else ""
+            note = f"same machine as {r.same_machine_as[0]}{more} (machine-id)" + (f"; {note}" if note else "")
         rows.append((r.host.name, r.status, dash(r.drift_count), dash(r.action_count), f"{r.seconds:.1f}", note))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from cli_support import run_cli
 from gpu_support import FakeConfig, nvml_env, seed_gpus
 from prom_scenes import Scene, parse, promtool_file, watch_runs
@@ -31,19 +30,26 @@ PROMTOOL = "/usr/bin/promtool"
 pytestmark = pytest.mark.skipif(not os.access(PROMTOOL, os.X_OK), reason="promtool not installed (Debian: prometheus)")
 
 STEPS = 50  # minutes of model time
-ALERTS = [rule["alert"] for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
-          if "alert" in rule]
-SEVERITY = {rule["alert"]: rule["labels"]["severity"] for group in yaml.safe_load(RULES.read_text())["groups"]
+
+
+def load_rules() -> dict:
+    from ruamel.yaml import YAML
+
+    return json.loads(json.dumps(YAML(typ="safe").load(RULES.read_text())))
+
+
+ALERTS = [rule["alert"] for group in load_rules()["groups"] for rule in group["rules"] if "alert" in rule]
+SEVERITY = {rule["alert"]: rule["labels"]["severity"] for group in load_rules()["groups"]
             for rule in group["rules"] if "alert" in rule}
 
 
 def rules_without_annotations(tmp: Path) -> Path:
-    doc = yaml.safe_load(RULES.read_text())
+    doc = load_rules()
     for group in doc["groups"]:
         for rule in group["rules"]:
             rule.pop("annotations", None)
     out = tmp / "rules.yml"
-    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    out.write_text(json.dumps(doc, indent=1))  # JSON is YAML: promtool reads it as it is
     return out
 
 
@@ -180,7 +186,7 @@ def test_every_broken_host_alerts_and_the_healthy_one_never(tmp_path, scenes):
         for alert, exp in firing_at(found, minute).items():
             checks.append({"eval_time": f"{minute}m", "alertname": alert, "exp_alerts": exp})
     doc = promtool_file(rules_without_annotations(tmp_path), hosts, STEPS, checks)
-    (tmp_path / "alerts.test.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (tmp_path / "alerts.test.yml").write_text(json.dumps(doc, indent=1))
     proc = subprocess.run([PROMTOOL, "test", "rules", "alerts.test.yml"], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
@@ -203,7 +209,7 @@ def test_no_metrics_anywhere_fires_absent(tmp_path, scenes):
         {"eval_time": "5m", "alertname": "ReconcileMetricsGone", "exp_alerts": []},
     ]
     doc = promtool_file(rules_without_annotations(tmp_path), gone, STEPS, checks)
-    (tmp_path / "absent.test.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (tmp_path / "absent.test.yml").write_text(json.dumps(doc, indent=1))
     proc = subprocess.run([PROMTOOL, "test", "rules", "absent.test.yml"], capture_output=True, text=True,
                           timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
