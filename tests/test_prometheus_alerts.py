@@ -233,3 +233,35 @@ def test_gpu_series_join_dcgm_exporters_labels(scenes):
                                        timeout=30, env={**os.environ, **found["nvml"]}).stdout)
     assert sorted([i["gpu"], i["UUID"], i["pci_bus_id"], i["model_name"]] for i in info) == sorted(driver)
     assert {k for i in info for k in i} == {"gpu", "UUID", "pci_bus_id", "device", "model_name", "Hostname"}
+
+
+def test_the_cron_recipe_publishes_every_outcome_atomically(tmp_path):
+    """docs/prometheus.md's cron line, `diff --textfile DIR --interval 15m`: a drifted run (exit 2)
+    and a state file that does not validate (exit 1) are both published, each replacing the file
+    whole (a reader holding the old one reads it whole), and nothing else is left in DIR."""
+    textdir = tmp_path / "node-exporter"
+    textdir.mkdir()
+    out = tmp_path / "samples"
+    out.mkdir()
+    state = tmp_path / "s.yaml"
+    state.write_text(f"version: 1\nextractions:\n  eagle3:\n    dir: {out}\n"
+                     "    pattern: 'rows_{group}/data_{index}.ckpt'\n    total: 10\n")
+    proc = run_cli(tmp_path, "diff", str(state), "--format", "json", "--textfile", str(textdir), "--interval", "15m")
+    assert proc.returncode == 2, proc.stderr
+    doc = json.loads(proc.stdout)
+    first = parse((textdir / "reconcile.prom").read_text())
+    status = {labels["status"]: v for n, labels, v in first if n == "reconcile_resource_status"}
+    said = doc["resources"][0]["status"]  # what the same run's JSON report says
+    assert said != "ok" and status[said] == 1 and sum(status.values()) == 1
+    assert ("reconcile_run_interval_seconds", {}, 900.0) in first
+    with open(textdir / "reconcile.prom") as reader:
+        state.write_text("version: 1\nextractions: [\n")
+        proc = run_cli(tmp_path, "diff", str(state), "--textfile", str(textdir), "--interval", "15m")
+        assert proc.returncode == 1
+        assert parse(reader.read()) == first  # the old file, whole: replaced by rename(2)
+    now = parse((textdir / "reconcile.prom").read_text())
+    assert ("reconcile_up", {}, 0.0) in now and ("reconcile_state_file_valid", {}, 0.0) in now
+    assert ("reconcile_error_info", {"reason": "state-file"}, 1.0) in now
+    assert [p.name for p in textdir.iterdir()] == ["reconcile.prom"]
+    proc = run_cli(tmp_path, "diff", str(state), "--textfile", str(textdir))
+    assert proc.returncode == 1 and "--textfile needs --interval" in proc.stderr
