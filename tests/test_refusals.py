@@ -273,3 +273,22 @@ def test_an_inventory_reports_every_host_and_one_machine_under_two_names(sshd, t
     assert set(suites) == {"gpu-a", "gpu-a-alias", "down"}
     assert [e.get("type") for e in suites["down"].iter("error")] == ["unreachable"]
     assert junit.get("errors") == "1"
+
+
+def test_a_saved_plan_made_on_another_machine_is_refused(tmp_path):
+    """Same hostname, another /etc/machine-id (a recreated VM): the plan is not carried out."""
+    before, after = tmp_path / "id-before", tmp_path / "id-after"
+    before.write_text("a" * 32 + "\n")
+    after.write_text("b" * 32 + "\n")
+    state = tmp_path / "s.yaml"
+    state.write_text(OK_STATE)
+    plan = tmp_path / "plan.json"
+    made = run_cli(tmp_path, "diff", str(state), "--out", str(plan), RECONCILE_MACHINE_ID_FILE=str(before))
+    assert made.returncode == 0, made.stderr
+    proc = run_cli(tmp_path, "apply", str(plan), "--journal", str(tmp_path / "journal.jsonl"), "--format", "json",
+                   RECONCILE_MACHINE_ID_FILE=str(after))
+    message = check_refusal(proc, "json", "plan")
+    assert f"made on machine-id {'a' * 32}, this machine has {'b' * 32}" in message
+    again = run_cli(tmp_path, "apply", str(plan), "--journal", str(tmp_path / "journal.jsonl"),
+                    RECONCILE_MACHINE_ID_FILE=str(before))
+    assert again.returncode == 0, again.stderr
