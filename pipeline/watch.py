@@ -124,6 +124,7 @@ class Watcher:
                 # Someone is applying by hand: not a failure, the next pass looks again.
                 self.log(f"pass {self.passes}: skipped: {exc}")
                 self.pass_outcome = "skipped"
+                self.pass_error = ("lock-held", str(exc), started)
                 return self.interval
             except LockError as exc:
                 self.pass_error = ("journal", str(exc), started)

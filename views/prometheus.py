@@ -151,7 +151,8 @@ def _machine_metrics(m: Metrics, machine: Mapping[str, Any] | None) -> None:
         return
     m.family("reconcile_machine_info", "gauge", "The machine the last run observed: hostname, machine-id, "
                                                 "boot id (1).")
-    m.add("reconcile_machine_info", 1, {k: machine.get(k) or "" for k in ("hostname", "machine_id", "boot_id")})
+    keys = ("hostname", "machine_id", "boot_id") + (("ssh_host_key",) if machine.get("ssh_host_key") else ())
+    m.add("reconcile_machine_info", 1, {k: machine.get(k) or "" for k in keys})
 
 
 def _gpu_metrics(m: Metrics, rid: str, observed: Mapping[str, Any], hostname: str = "") -> None:
@@ -283,9 +284,9 @@ class TextfileExporter:
         # metrics, whose timestamp then ages, and says why it could not run: reconcile_up 0 and
         # reconcile_error_info{reason}, on which ReconcileCannotRun fires (also on a watch whose
         # state file never validated, which has no previous report at all).
-        up = doc is not None or outcome == "skipped"
+        up = (doc is not None or outcome == "skipped") and self.last_doc is not None
         attempt = None if up else (error or {"error": {"reason": "error"}, "started": self.clock()})
-        m = report_metrics(self.last_doc, up=up and self.last_doc is not None, attempt=attempt)
+        m = report_metrics(self.last_doc, up=up, attempt=attempt)
         now = self.clock()
         _schedule_metrics(m, self.interval, now + (self.interval if next_in is None else next_in))
         m.family("reconcile_watch_interval_seconds", "gauge", "reconcile watch's interval between passes.")
