@@ -69,7 +69,8 @@ def check_machine(state: Any, machine: Mapping[str, Any], command: str) -> None:
     have = machine.get("machine_id")
     if have != want:
         seen = f"machine-id {have}" if have else "no readable /etc/machine-id"
-        raise HostMismatch(f"{machine.get('hostname')!r} has {seen}, but {state.path} is for machine-id {want}: "
+        # Both ids first: Slurm's drain reason and a narrow terminal keep the start of the line.
+        raise HostMismatch(f"{machine.get('hostname')!r} has {seen}, not {want} as {state.path} pins: "
                            f"refusing to {'plan' if command == 'diff' else 'apply'}", "machine-mismatch")
 
 

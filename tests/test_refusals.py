@@ -292,3 +292,19 @@ def test_a_saved_plan_made_on_another_machine_is_refused(tmp_path):
     again = run_cli(tmp_path, "apply", str(plan), "--journal", str(tmp_path / "journal.jsonl"),
                     RECONCILE_MACHINE_ID_FILE=str(before))
     assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.parametrize("do_apply", [False, True], ids=["diff", "apply"])
+def test_slurm_health_judges_another_machine_unhealthy(tmp_path, monkeypatch, do_apply):
+    """slurm-health's check (the part before scontrol) on a state pinned to another machine-id:
+    not healthy, and the refusal's reason is what its journal line records as the problem."""
+    from reconcile_host.machines import slurm
+    from reconcile_host.pipeline.journal import Journal
+
+    monkeypatch.setenv("RECONCILE_CACHE_DIR", str(tmp_path / "cache"))
+    state = tmp_path / "s.yaml"
+    state.write_text(f"version: 1\nhost: {{machine_id: {other_id()}}}\n" + OK_STATE.split("\n", 1)[1])
+    journal = Journal.at(str(tmp_path / "journal.jsonl"))
+    verdict, _ = slurm._check(slurm.Settings(str(state), "n1", str(journal.path), apply=do_apply), journal)
+    assert not verdict.healthy and verdict.problems == ("machine-mismatch",)
+    assert verdict.reason.startswith("reconcile: state file: ") and other_id() in verdict.reason
