@@ -24,6 +24,7 @@ from .commands import (  # noqa: F401  (EXIT_DRIFT, exit_now: the commands' name
     fail,
     internal_error,
     load_state,
+    refuse,
     resolve_state_file,
     run_diff,
 )
@@ -112,7 +113,31 @@ def _output_options(fn):
     fn = click.option("--format", "fmt", type=FORMATS, default="text", show_default=True,
                       help="Output format; json follows the format_version contract.")(fn)
     fn = click.option("-v", "--verbose", is_flag=True, help="Also show what is already right.")(fn)
+    fn = click.option("--textfile", "textfile_dir", type=click.Path(file_okay=False), metavar="DIR",
+                      help="Also write DIR/reconcile.prom (atomically, whatever the outcome) for node_exporter's "
+                           "textfile collector; needs --interval.")(fn)
+    fn = click.option("--interval", "textfile_interval", metavar="DURATION",
+                      help="With --textfile: how often this command runs (cron), for the not-running alert.")(fn)
     return fn
+
+
+def _textfile(textfile_dir: str | None, interval: str | None) -> None:
+    """--textfile DIR --interval D: the cron recipe's metrics, written by reconcile itself
+    (commands.publish), so a drifted (exit 2) or refused (exit 1) run is published too."""
+    from . import commands
+
+    if interval and not textfile_dir:
+        fail("--interval needs --textfile DIR")
+    if not textfile_dir:
+        return
+    if not interval:
+        fail("--textfile needs --interval (how often cron runs this; the not-running alert needs it)")
+    every = parse_duration_option(interval, "--interval")
+    if every <= 0:
+        fail("--interval must be more than 0s")
+    if not os.path.isdir(textfile_dir):
+        fail(f"--textfile {textfile_dir}: no such directory (node_exporter's --collector.textfile.directory)")
+    commands.TEXTFILE.update(dir=textfile_dir, interval=every)
 
 
 REMOTE_KEYS = ("host", "via", "remote_command", "ssh_options", "connect_timeout", "remote_timeout",
@@ -190,11 +215,13 @@ def _remote_options(fn):
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
               help="Also save the plan to this file; `reconcile apply PLAN` carries out exactly its actions, "
                    "and refuses when the host no longer matches it.")
-def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) -> None:
+def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, textfile_dir: str | None,
+         textfile_interval: str | None) -> None:
     """Show drift and the planned actions; change nothing.
 
     Exit 0: no drift; 2: drift; 1: error.
     """
+    _textfile(textfile_dir, textfile_interval)
     run_diff(file, fmt, verbose, out_path)  # commands.py: the same call as __main__.py's, without click
 
 
@@ -209,7 +236,7 @@ def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None) -> Non
 @click.option("--lock-timeout", default="0s", show_default=True,
               help="Wait this long for another apply to finish instead of failing at once.")
 def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path: str | None,
-          lock_timeout: str) -> None:
+          lock_timeout: str, textfile_dir: str | None, textfile_interval: str | None) -> None:
     """Act until the host matches the state file, then verify by observing again.
 
     FILE may also be a plan saved by `diff --out`: its actions are carried out and nothing
@@ -220,8 +247,8 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     """
     from .pipeline.engine import Engine, HostMismatch, Prefetch
     from .pipeline.journal import Journal, LockError
-    from .views import render
 
+    _textfile(textfile_dir, textfile_interval)
     wait = parse_duration_option(lock_timeout, "--lock-timeout")
     path = resolve_state_file(file)
     from .pipeline.plans import is_saved_plan
@@ -232,9 +259,8 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
         try:
             report = apply_saved_plan(path, dry_run=dry_run, journal_path=journal_path, lock_wait=wait)
         except PlanError as exc:
-            fail(str(exc))
-        render(report, fmt, verbose=verbose)
-        sys.exit(report.exit_code)
+            refuse(str(exc), "plan", fmt, "apply", path, dry_run=dry_run)
+        _finish(report, fmt, verbose)
     # Observing may start while the state is built only when nothing will be changed: apply
     # proper observes after taking its lock, so it never acts on what another apply changed.
     from .machines.host import Host
@@ -244,24 +270,44 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     prefetch = Prefetch(host) if dry_run else None
     state = load_state(path, prefetch, fmt, "apply", dry_run)
     if prefetch is not None:
-        report = Engine(state, prefetch.host, prefetch=prefetch).diff(command="apply")
-        render(report, fmt, verbose=verbose)
-        sys.exit(report.exit_code)
+        engine = Engine(state, prefetch.host, prefetch=prefetch)
+        try:
+            report = engine.diff(command="apply")
+        except HostMismatch as exc:
+            refuse(str(exc), exc.reason, fmt, "apply", state.path, dry_run=True, machine=engine.machine)
+        _finish(report, fmt, verbose)
+
+    from .pipeline.journal import LockHeld
 
     journal = Journal.at(journal_path)
     lock = journal.lock()
     try:
         lock.acquire(timeout=wait)
     except LockError as exc:
-        fail(str(exc))
+        # Held by another apply, or the journal's directory cannot be used (unreadable, missing).
+        refuse(str(exc), "lock-held" if isinstance(exc, LockHeld) else "journal", fmt, "apply", state.path,
+               machine=host.machine())
+    engine = Engine(state, host, journal=journal)
     try:
-        report = Engine(state, host, journal=journal).apply()
+        report = engine.apply()
     except HostMismatch as exc:
-        fail(str(exc))
+        lock.release()
+        refuse(str(exc), exc.reason, fmt, "apply", state.path, machine=engine.machine or host.machine())
     finally:
         lock.release()
+    _finish(report, fmt, verbose)
+
+
+def _finish(report, fmt: str, verbose: bool) -> None:
+    from . import commands
+    from .views import render
+
     render(report, fmt, verbose=verbose)
-    sys.exit(report.exit_code)
+    if commands.TEXTFILE:
+        from .pipeline.report import to_json
+
+        commands.publish(to_json(report))
+    sys.exit(EXIT_ERROR if commands.TEXTFILE.get("failed") else report.exit_code)
 
 
 @main.command("version")

@@ -27,6 +27,24 @@ FORMAT_CHOICES = ("text", "json", "junit", "prometheus")  # cli.FORMATS
 COMPLETE_VAR = "_RECONCILE_COMPLETE"
 
 
+# `diff|apply --textfile DIR --interval D` (cli.py sets it): DIR/reconcile.prom is written
+# whatever the run's outcome, error reports included (publish()).
+TEXTFILE: dict[str, Any] = {}
+
+
+def publish(doc: Mapping[str, Any]) -> None:
+    """Write the run's metrics to --textfile DIR (atomically: a temporary file, then rename(2))."""
+    if not TEXTFILE:
+        return
+    from .views.prometheus import run_metrics, write_textfile
+
+    try:
+        write_textfile(TEXTFILE["dir"], run_metrics(doc, TEXTFILE["interval"]).text())
+    except OSError as exc:
+        echo_err(f"reconcile: error: --textfile {TEXTFILE['dir']}: cannot write reconcile.prom: {exc.strerror}")
+        TEXTFILE["failed"] = True
+
+
 def echo_err(message: str) -> None:
     import click  # only where there is something to say: the hot path says nothing on stderr
 
@@ -36,6 +54,23 @@ def echo_err(message: str) -> None:
 def fail(message: str) -> None:
     echo_err(f"reconcile: error: {message}")
     sys.exit(EXIT_ERROR)
+
+
+def refuse(message: str, reason: str, fmt: str, command: str, state_file: str, dry_run: bool = False,
+           machine: dict[str, Any] | None = None) -> None:
+    """A run refused before it could report (lock held, another machine, journal unreadable):
+    the one line on stderr, and for --format json/junit/prometheus an error report on stdout
+    saying the same (pipeline/report.py refusal_report), so a consumer never gets nothing. Exit 1."""
+    echo_err(f"reconcile: error: {message}")
+    if fmt != "text" or TEXTFILE:
+        from .pipeline.report import refusal_report
+        from .views import render
+
+        doc = refusal_report(command, state_file, reason, message, dry_run=dry_run, machine=machine)
+        publish(doc)
+        if fmt != "text":
+            render(doc, fmt)
+    exit_now(EXIT_ERROR)
 
 
 def resolve_state_file(given: str | None) -> str:
@@ -81,11 +116,14 @@ def load_state(path: str, prefetch=None, fmt: str = "text", command: str = "diff
     except StateFileError as exc:
         for problem in exc.problems:
             echo_err(problem)
-        if fmt != "text":
+        if fmt != "text" or TEXTFILE:
             from .pipeline.report import error_report
             from .views import render
 
-            render(error_report(command, label, exc.problems, dry_run=dry_run), fmt)
+            doc = error_report(command, label, exc.problems, dry_run=dry_run)
+            publish(doc)
+            if fmt != "text":
+                render(doc, fmt)
         exit_now(EXIT_ERROR)
 
 
@@ -109,7 +147,7 @@ def run_diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, st
     # copies of the pages they sit on). Reference counting still frees what is dropped.
     gc.disable()
     from .machines.host import Host
-    from .pipeline.engine import Engine, Prefetch
+    from .pipeline.engine import Engine, HostMismatch, Prefetch
     from .views import render
     from .views.progress import attach
 
@@ -117,11 +155,19 @@ def run_diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, st
     # progress line when stderr is a terminal (views/progress.py).
     prefetch = Prefetch(attach(Host(), fmt))
     state = load_state(resolve_state_file(file), prefetch, fmt, state_label=state_label)
-    report = Engine(state, prefetch.host, prefetch=prefetch).diff()
+    engine = Engine(state, prefetch.host, prefetch=prefetch)
+    try:
+        report = engine.diff()
+    except HostMismatch as exc:
+        refuse(str(exc), exc.reason, fmt, "diff", state.path, machine=engine.machine)
     render(report, fmt, verbose=verbose)
+    if TEXTFILE:
+        from .pipeline.report import to_json
+
+        publish(to_json(report))
     if out_path:
         save_plan(report, out_path)
-    exit_now(report.exit_code)
+    exit_now(EXIT_ERROR if TEXTFILE.get("failed") else report.exit_code)
 
 
 def save_plan(report, out_path: str) -> None:

@@ -15,7 +15,7 @@ def run_elsewhere(command: str, file: str | None, fmt: str, verbose: bool, opts:
     import click
 
     from ..views import render
-    from .remote import RemoteError, RemoteFailed, duration_option
+    from .remote import RemoteError, RemoteFailed, _last_line, duration_option, refusal_reason
 
     try:
         if sum(bool(x) for x in (opts.host, opts.via, opts.inventory)) > 1:
@@ -40,11 +40,25 @@ def run_elsewhere(command: str, file: str | None, fmt: str, verbose: bool, opts:
                             lock_timeout=lock_timeout)
     except RemoteError as exc:
         click.echo(f"reconcile: error: {exc}", err=True)
+        if fmt != "text" and not opts.inventory:
+            # A CI audit stores stdout: the host that could not be reached is a report saying so.
+            render(_refusal(command, file, opts, refusal_reason(str(exc)), str(exc), dry_run), fmt)
         return 1
     except RemoteFailed as exc:
         click.echo(exc.stderr, err=True, nl=False)
-        if exc.report is not None and fmt != "text":
-            render(exc.report, fmt)
+        if fmt != "text":
+            report = exc.report
+            if report is None:  # an older reconcile there, or a refusal before any report: its last line
+                why = _last_line(exc.stderr).removeprefix("reconcile: error: ") or "refused, no report"
+                report = _refusal(command, file, opts, "remote-error", why, dry_run)
+            render(report, fmt)
         return 1
     render(doc, fmt, verbose=verbose)
     return int(doc.get("exit_code", 1))
+
+
+def _refusal(command: str, file: str | None, opts: RemoteOptions, reason: str, message: str,
+             dry_run: bool) -> dict:
+    from ..pipeline.report import refusal_report
+
+    return refusal_report(command, file or "", reason, message, dry_run=dry_run, host=opts.host or opts.via or "")

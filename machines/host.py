@@ -403,6 +403,15 @@ class Host:
     def hostname(self) -> str:
         return os.uname().nodename  # gethostname(2) without importing socket (~6 ms)
 
+    def machine(self) -> dict[str, str | None]:
+        """Which machine this is: its hostname, systemd's /etc/machine-id (machine-id(5): written
+        once at install, so a recreated VM has a new one) and the kernel's boot id
+        (proc(5): /proc/sys/kernel/random/boot_id, new at every boot). What cannot be read is
+        None, never a made-up value. $RECONCILE_MACHINE_ID_FILE names another file (tests)."""
+        return {"hostname": self.hostname(),
+                "machine_id": _first_line(os.environ.get("RECONCILE_MACHINE_ID_FILE") or "/etc/machine-id"),
+                "boot_id": _first_line("/proc/sys/kernel/random/boot_id")}
+
     def signal(self, pid: int, sig: int) -> None:
         # The last line of defence for "never PID 1, never ourselves", whatever a plan says.
         if pid <= 1 or pid == os.getpid() or pid == os.getppid():
@@ -425,3 +434,11 @@ class Host:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+
+def _first_line(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.readline().strip() or None
+    except OSError:
+        return None

@@ -128,6 +128,8 @@ class HostResult:
     seconds: float
     report: dict[str, Any] | None = None
     error: str = ""
+    reason: str = ""  # the error report's reason (report.schema.json error.reason) when there is an error
+    same_machine_as: tuple[str, ...] = ()  # other inventory names whose report has this machine-id
 
     @property
     def status(self) -> str:
@@ -155,8 +157,11 @@ class HostResult:
                                "status": self.status, "exit_code": self.exit_code, "seconds": round(self.seconds, 3)}
         if self.report is not None:
             out["report"] = self.report
-        else:
+        if self.error or self.report is None:
             out["error"] = self.error
+            out["reason"] = self.reason or "remote-error"
+        if self.same_machine_as:
+            out["same_machine_as"] = list(self.same_machine_as)
         return out
 
 
@@ -184,15 +189,38 @@ def run_host(h: InventoryHost, command: str, opts: remote.RemoteOptions, *, dry_
         doc = remote.execute(target, request, info)
         return HostResult(h, int(doc.get("exit_code", 1)), time.monotonic() - t0, report=doc)
     except remote.RemoteError as exc:
-        return HostResult(h, 1, time.monotonic() - t0, error=str(exc))
+        return HostResult(h, 1, time.monotonic() - t0, error=str(exc), reason=remote.refusal_reason(str(exc)))
     except remote.RemoteFailed as exc:
-        return HostResult(h, 1, time.monotonic() - t0, error=exc.stderr.strip())
+        # The far side refused (its error report says why: lock-held, machine-mismatch, state-file...).
+        why = ((exc.report or {}).get("error") or {}).get("reason") or "remote-error"
+        return HostResult(h, 1, time.monotonic() - t0, report=exc.report, error=exc.stderr.strip(), reason=why)
     except Exception as exc:  # one host's surprise must not take the others' results with it
-        return HostResult(h, 1, time.monotonic() - t0, error=f"internal error: {type(exc).__name__}: {exc}")
+        return HostResult(h, 1, time.monotonic() - t0, error=f"internal error: {type(exc).__name__}: {exc}",
+                          reason="internal-error")
+
+
+def same_machines(results: list[HostResult]) -> list[HostResult]:
+    """Two inventory names that reached one machine (the same /etc/machine-id: an alias, a
+    reused address, a cloned VM that kept its id) are said so on both, not counted as two."""
+    import dataclasses
+
+    by_id: dict[str, list[str]] = {}
+    for r in results:
+        mid = ((r.report or {}).get("machine") or {}).get("machine_id")
+        if mid:
+            by_id.setdefault(mid, []).append(r.host.name)
+    out = []
+    for r in results:
+        mid = ((r.report or {}).get("machine") or {}).get("machine_id")
+        others = tuple(n for n in by_id.get(mid, ()) if n != r.host.name) if mid else ()
+        out.append(dataclasses.replace(r, same_machine_as=others) if others else r)
+    return out
 
 
 def run_inventory(command: str, opts: remote.RemoteOptions, fmt: str, verbose: bool, *, dry_run: bool = False,
                   journal: str | None = None, lock_timeout: str | None = None, run_timeout: float = 3600.0) -> int:
+    import sys
+
     import click
 
     if fmt == "prometheus":  # refused before any host is touched
@@ -212,6 +240,7 @@ def run_inventory(command: str, opts: remote.RemoteOptions, fmt: str, verbose: b
     with ThreadPoolExecutor(max_workers=min(opts.parallel, len(hosts))) as pool:
         results = list(pool.map(lambda h: run_host(h, command, opts, dry_run=dry_run, journal=journal,
                                                    lock_timeout=lock_timeout, run_timeout=run_timeout), hosts))
+    results = same_machines(results)
     worst = max((r.exit_code for r in results), key=SEVERITY.__getitem__, default=0)
     doc = {
         "format_version": FORMAT_VERSION,
@@ -235,7 +264,9 @@ def run_inventory(command: str, opts: remote.RemoteOptions, fmt: str, verbose: b
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
     elif fmt == "junit":
-        raise remote.RemoteError("--format junit is per host: use --report-dir with --format json")
+        from ..views.junit import render_inventory_junit
+
+        render_inventory_junit(doc, sys.stdout)
     else:
         click.echo(render_text(results, doc, verbose), nl=False)
     return worst
@@ -245,6 +276,9 @@ def summary(results: list[HostResult]) -> dict[str, Any]:
     out: dict[str, Any] = {"hosts": len(results)}
     for status in ("ok", "changed", "drift", "error"):
         out[status] = sum(1 for r in results if r.status == status)
+    # Distinct machines: hosts whose reports share a machine-id count once (same_machine_as).
+    out["machines"] = len(results) - sum(1 for r in results if r.same_machine_as) + len(
+        {((r.report or {}).get("machine") or {}).get("machine_id") for r in results if r.same_machine_as})
     out["resources_drifted"] = sum(r.drift_count or 0 for r in results)
     out["actions"] = sum(r.action_count or 0 for r in results)
     return out
@@ -269,6 +303,9 @@ def render_text(results: list[HostResult], doc: dict[str, Any], verbose: bool) -
     for r in results:
         dash = lambda v: "-" if v is None else str(v)  # noqa: E731
         note = r.error.splitlines()[0] if r.error else ""
+        if r.same_machine_as:
+            more = f" (+{len(r.same_machine_as) - 1} more)" if len(r.same_machine_as) > 1 else ""
+            note = f"same machine as {r.same_machine_as[0]}{more} (machine-id)" + (f"; {note}" if note else "")
         rows.append((r.host.name, r.status, dash(r.drift_count), dash(r.action_count), f"{r.seconds:.1f}", note))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:
@@ -278,4 +315,7 @@ def render_text(results: list[HostResult], doc: dict[str, Any], verbose: bool) -
     s = doc["summary"]
     counts = ", ".join(f"{s[k]} {k}" for k in ("ok", "changed", "drift", "error") if s[k])
     out.write(f"\n{s['hosts']} host{'s' if s['hosts'] != 1 else ''}: {counts}.\n")
+    if s.get("machines", s["hosts"]) != s["hosts"]:
+        out.write(f"warning: {s['hosts']} inventory names reached {s['machines']} machines (same machine-id): "
+                  "see the notes in the table\n")
     return out.getvalue()

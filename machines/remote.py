@@ -17,6 +17,7 @@ target names its journal for the message should the connection drop mid-apply.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -52,6 +53,14 @@ class RemoteError(Exception):
     """One line for the user: the target could not be reached or cannot run this request."""
 
 
+def refusal_reason(message: str) -> str:
+    """The error report's `reason` for a RemoteError's message: `unreachable` when no connection
+    was made or it was lost (ssh's own words, and ours for a silent target), else `remote-error`
+    (reconcile missing or too old there, a bad option, a deadline)."""
+    unreachable = ("cannot reach ", "connection lost ", ": no answer within ")
+    return "unreachable" if any(w in message for w in unreachable) else "remote-error"
+
+
 class RemoteFailed(Exception):
     """The far side's reconcile refused the request (bad state file, lock held, wrong host):
     its stderr, passed through as it is."""
@@ -74,6 +83,7 @@ class Target:
     shell: bool = False             # the prefix is ssh: the far side's shell parses one command line
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     short_host: str = ""            # host part, for the default state file name (before the handshake)
+    host_key_file: str | None = None  # where ssh's KnownHostsCommand leaves the key it verified
 
     def argv(self, args: Sequence[str]) -> list[str]:
         words = [*self.remote_command, *args]
@@ -128,8 +138,17 @@ def ssh_target(address: str, ssh_options: Sequence[str] = (), connect_timeout: f
         "LogLevel": "ERROR",
     }
     cdir = control_dir()
+    key_file = None
     if cdir:
         defaults.update(ControlMaster="auto", ControlPath=f"{cdir}/%C", ControlPersist=str(CONTROL_PERSIST))
+        # Which host key this connection was verified with (the report names it): ssh runs
+        # KnownHostsCommand with the key it is verifying (%t type, %f SHA256 fingerprint; ssh_config(5)),
+        # and takes what it prints as extra known_hosts lines: it prints nothing, only leaves the key
+        # in a file of ours. A shared connection is verified once, by its master: the file is named
+        # after this target's ssh command line, so a later run sharing the connection finds it.
+        digest = hashlib.sha256("\0".join(argv + [str(port), user or "", host]).encode()).hexdigest()[:20]
+        key_file = f"{cdir}/{digest}.hostkey"
+        defaults["KnownHostsCommand"] = f"/bin/sh -c 'echo \"$1 $2\" > \"$3\"' reconcile-hostkey %t %f {key_file}"
     else:
         defaults["ControlMaster"] = "no"
     for key, value in defaults.items():
@@ -140,7 +159,30 @@ def ssh_target(address: str, ssh_options: Sequence[str] = (), connect_timeout: f
     argv += ["--", f"{user}@{host}" if user else host]
     name = f"{user + '@' if user else ''}{host}{f':{port}' if port else ''}"
     return Target(name, tuple(argv), _split_remote(remote_command), shell=True,
-                  connect_timeout=connect_timeout, short_host=host.split(".", 1)[0])
+                  connect_timeout=connect_timeout, short_host=host.split(".", 1)[0], host_key_file=key_file)
+
+
+def host_key(target: Target) -> str | None:
+    """The host key ssh verified for this target (`ssh-ed25519 SHA256:...`), or None: not ssh,
+    not known (the user's own KnownHostsCommand, no private directory for the file)."""
+    if not target.host_key_file:
+        return None
+    try:
+        with open(target.host_key_file, encoding="utf-8") as f:
+            return f.readline().strip() or None
+    except OSError:
+        return None
+
+
+def name_machine(doc: dict[str, Any], target: Target) -> dict[str, Any]:
+    """The report with the host key this side connected to added to its `machine`."""
+    key = host_key(target)
+    if key:
+        machine = doc.get("machine")
+        if not isinstance(machine, dict):
+            machine = doc["machine"] = {"hostname": doc.get("host"), "machine_id": None, "boot_id": None}
+        machine["ssh_host_key"] = key
+    return doc
 
 
 def via_target(via: str, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
@@ -333,10 +375,12 @@ def execute(target: Target, request: Request, info: RemoteInfo | None = None) ->
     doc = _json_object(out.stdout)
     if doc is not None and "format_version" in doc:
         _check_format(target, str(doc.get("reconcile_version", "?")), str(doc["format_version"]))
-    if doc is not None and doc.get("problems"):  # the state file is bad: its lines, as a local run prints them
-        raise RemoteFailed(out.stderr, report=doc)
+    if doc is not None and (doc.get("problems") or doc.get("error")):
+        # The state file is bad, or the far side refused (lock held, another machine): its lines,
+        # as a local run prints them, and its error report for --format json/junit/prometheus.
+        raise RemoteFailed(out.stderr, report=name_machine(doc, target))
     if doc is not None and "exit_code" in doc and "resources" in doc:
-        return doc
+        return name_machine(doc, target)
     first = _first_contact_error(target, out, request.command) if info is None else None
     if first is not None:
         raise first

@@ -295,20 +295,23 @@ def _check(s: Settings, journal: Any) -> tuple[Verdict, str]:
         # A state file that cannot be read says nothing about the node: unknown is never ok.
         return Verdict(False, reason_text(f"state file: {exc.problems[0] if exc.problems else 'invalid'}"),
                        ("state file",)), ""
-    if not s.apply:
-        return verdict_of(to_json(Engine(state).diff())), ""
-    lock = journal.lock()
     try:
-        lock.acquire(timeout=0)
-    except LockError as exc:
-        # Someone is applying by hand or `reconcile watch` is: judge what is there, change nothing.
-        return verdict_of(to_json(Engine(state).diff(command="apply"))), f"not applied: {exc}"
-    try:
-        report = Engine(state, journal=journal).apply()
+        if not s.apply:
+            return verdict_of(to_json(Engine(state).diff())), ""
+        lock = journal.lock()
+        try:
+            lock.acquire(timeout=0)
+        except LockError as exc:
+            # Someone is applying by hand or `reconcile watch` is: judge what is there, change nothing.
+            return verdict_of(to_json(Engine(state).diff(command="apply"))), f"not applied: {exc}"
+        try:
+            report = Engine(state, journal=journal).apply()
+        finally:
+            lock.release()
     except HostMismatch as exc:
-        return Verdict(False, reason_text(f"state file: {exc}"), ("state file",)), ""
-    finally:
-        lock.release()
+        # Another machine (hostname glob, or the pinned machine-id): nothing was judged, so not
+        # healthy; the refusal's reason (host-mismatch, machine-mismatch) is what the journal records.
+        return Verdict(False, reason_text(f"state file: {exc}"), (exc.reason,)), ""
     return verdict_of(to_json(report)), ""
 
 

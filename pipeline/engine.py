@@ -46,7 +46,32 @@ SETTLE_POLL = 0.25
 
 
 class HostMismatch(Exception):
-    pass
+    """The state file is for another machine: `reason` is `host-mismatch` (the hostname glob)
+    or `machine-mismatch` (the pinned /etc/machine-id)."""
+
+    def __init__(self, message: str, reason: str = "host-mismatch"):
+        super().__init__(message)
+        self.reason = reason
+
+
+def machine_of(host: Any) -> dict[str, Any]:
+    machine = getattr(host, "machine", None)
+    return machine() if callable(machine) else {"hostname": host.hostname(), "machine_id": None, "boot_id": None}
+
+
+def check_machine(state: Any, machine: Mapping[str, Any], command: str) -> None:
+    """Refuse a state file pinned (`host: {machine_id: ...}`) to another machine: a recreated VM
+    or a reused address answers with another /etc/machine-id, and its drift would be planned
+    against a machine the file was never written for."""
+    want = getattr(state, "machine_id", None)
+    if not want:
+        return
+    have = machine.get("machine_id")
+    if have != want:
+        seen = f"machine-id {have}" if have else "no readable /etc/machine-id"
+        # Both ids first: Slurm's drain reason and a narrow terminal keep the start of the line.
+        raise HostMismatch(f"{machine.get('hostname')!r} has {seen}, not {want} as {state.path} pins: "
+                           f"refusing to {'plan' if command == 'diff' else 'apply'}", "machine-mismatch")
 
 
 def host_matches(pattern: str | None, hostname: str) -> bool:
@@ -148,6 +173,7 @@ class Engine:
         self.ctx = Context(resources=state.by_id)
         self.run_id = os.urandom(6).hex()  # ties a run's journal lines together
         self.journal_error = ""
+        self.machine: dict[str, Any] | None = None  # machine_of(host), read when a run starts
 
     def reconciler(self, resource: Resource) -> Reconciler:
         key = key_of(resource.kind)
@@ -285,6 +311,8 @@ class Engine:
 
     def diff(self, command: str = "diff") -> RunReport:
         started = self.clock()
+        self.machine = machine_of(self.host)
+        check_machine(self.state, self.machine, "diff")
         observed = self.observe(self.state.resources)
         reports = []
         for r in self.state.resources:
@@ -303,7 +331,7 @@ class Engine:
         matches = host_matches(self.state.host, hostname)
         notes = () if matches else (f"this host is {hostname!r}, the state file is for {self.state.host!r}",)
         return RunReport(command, self.state.path, hostname, tuple(reports), self.state.host, matches,
-                         dry_run, started, self.clock(), notes)
+                         dry_run, started, self.clock(), notes, self.machine or machine_of(self.host))
 
     # --- apply -----------------------------------------------------------------------
 
@@ -316,6 +344,8 @@ class Engine:
         if not host_matches(self.state.host, hostname):
             raise HostMismatch(f"this host is {hostname!r}, but {self.state.path} is for "
                                f"{self.state.host!r}: refusing to apply")
+        self.machine = machine_of(self.host)
+        check_machine(self.state, self.machine, "apply")
         observed = self.observe(self.state.resources)  # all at once, before anything is changed
         host_changed = False
         final: dict[str, ResourceReport] = {}

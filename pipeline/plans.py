@@ -346,7 +346,15 @@ def apply_saved_plan(path: str, *, dry_run: bool = False, journal_path: str | No
     try:
         # Observed under the lock: no other apply can change the host between this check and acting.
         engine = Engine(state, host=host, journal=None if dry_run else journal)
-        now = engine.diff(command="apply")
+        try:
+            now = engine.diff(command="apply")
+        except HostMismatch as exc:  # the state file pins another machine-id
+            raise PlanError(str(exc)) from None
+        made_on = ((plan.get("report") or {}).get("machine") or {}).get("machine_id")
+        here = (now.machine or {}).get("machine_id")
+        if made_on and here != made_on:  # same hostname, another machine (a recreated VM)
+            raise PlanError(f"refusing the saved plan {path}: it was made on machine-id {made_on}, "
+                            f"this machine has {here or 'no readable /etc/machine-id'}")
         changed = changes(plan, to_json(now))
         if changed:
             raise PlanError(f"refusing the saved plan {path} ({made}): the host no longer matches it; "

@@ -42,6 +42,7 @@ class RunReport:
     started: float = 0.0
     finished: float = 0.0
     notes: tuple[str, ...] = ()
+    machine: dict[str, Any] | None = None  # machine_identity(): which machine answered
 
     def count(self, status: Status) -> int:
         return sum(1 for r in self.resources if r.status is status)
@@ -108,7 +109,13 @@ def to_json(report: RunReport) -> dict[str, Any]:
         "resources": [resource_json(r) for r in report.resources],
         "summary": summary,
         "notes": list(report.notes),
+        **({"machine": report.machine} if report.machine else {}),
     }
+
+
+# Why a run produced no report (the `error.reason` of an error report, report.schema.json).
+REFUSALS = ("state-file", "lock-held", "journal", "host-mismatch", "machine-mismatch", "plan", "unreachable",
+            "remote-error", "internal-error")
 
 
 def parse_problem(problem: str, label: str) -> dict[str, Any]:
@@ -132,11 +139,23 @@ def error_report(command: str, state_file: str, problems: list[str], dry_run: bo
     """The JSON report of a run that could not start because its input is bad: no resources,
     exit_code 1, and `problems`, each with its position (report.schema.json). Consumers that only
     read `exit_code`, `resources` and `summary` see an error with nothing observed."""
+    doc = refusal_report(command, state_file, "state-file", problems[0] if problems else "invalid state file",
+                         dry_run=dry_run, host=host)
+    doc["notes"] = [f"{state_file} is not a valid state file: nothing was observed or changed"]
+    doc["problems"] = [parse_problem(p, state_file) for p in problems]
+    return doc
+
+
+def refusal_report(command: str, state_file: str, reason: str, message: str, dry_run: bool = False,
+                   host: str | None = None, machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON report of a run that was refused or could not reach its host (the lock is held,
+    another machine, unreachable): no resources, exit_code 1, and `error` {reason, message}, the
+    message being the one line also printed on stderr (report.schema.json)."""
     import os
     import time
 
     now = time.time()
-    return {
+    doc = {
         "format_version": FORMAT_VERSION,
         "reconcile_version": __version__,
         "command": command,
@@ -150,6 +169,9 @@ def error_report(command: str, state_file: str, problems: list[str], dry_run: bo
         "exit_code": 1,
         "resources": [],
         "summary": {**{s: 0 for s in STATUSES}, "actions_planned": 0, "actions_done": 0, "actions_failed": 0},
-        "notes": [f"{state_file} is not a valid state file: nothing was observed or changed"],
-        "problems": [parse_problem(p, state_file) for p in problems],
+        "notes": [message],
+        "error": {"reason": reason, "message": message},
     }
+    if machine:
+        doc["machine"] = machine
+    return doc

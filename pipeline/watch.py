@@ -73,6 +73,7 @@ class Watcher:
         self.on_pass = on_pass
         self.pass_report: Any = None
         self.pass_outcome = "failed"
+        self.pass_error: tuple[str, str, float] | None = None  # (reason, message, started) of a pass without a report
         self.passes = 0
         self.failures = 0
         self.delays: list[float] = []
@@ -90,7 +91,7 @@ class Watcher:
         try:
             while not self.stop_signal:
                 delay = self.one_pass()
-                self._after_pass()
+                self._after_pass(delay)
                 if self.stop_signal or (self.max_passes is not None and self.passes >= self.max_passes):
                     break
                 self.delays.append(delay)
@@ -108,11 +109,12 @@ class Watcher:
         from .journal import Lock, LockError, LockHeld
 
         self.passes += 1
-        self.pass_report, self.pass_outcome = None, "failed"
+        self.pass_report, self.pass_outcome, self.pass_error = None, "failed", None
         started = time.time()
         try:
             state = self._current_state()
         except _PassFailed as exc:
+            self.pass_error = ("state-file", str(exc), started)
             return self._failed(str(exc))
         lock = Lock(self.lock_path) if self.lock_path else None
         if lock:
@@ -122,8 +124,10 @@ class Watcher:
                 # Someone is applying by hand: not a failure, the next pass looks again.
                 self.log(f"pass {self.passes}: skipped: {exc}")
                 self.pass_outcome = "skipped"
+                self.pass_error = ("lock-held", str(exc), started)
                 return self.interval
             except LockError as exc:
+                self.pass_error = ("journal", str(exc), started)
                 return self._failed(str(exc))
         done: list[Any] = []
 
@@ -141,10 +145,12 @@ class Watcher:
                      f"{len(done)} of {len(state.resources)} resources")
             return 0.0
         except HostMismatch as exc:
+            self.pass_error = (exc.reason, str(exc), started)
             return self._failed(str(exc))
         except Exception as exc:
             if os.environ.get("RECONCILE_DEBUG"):
                 raise
+            self.pass_error = ("internal-error", f"{type(exc).__name__}: {exc}", started)
             return self._failed(f"internal error: {type(exc).__name__}: {exc}")
         finally:
             if lock:
@@ -172,13 +178,22 @@ class Watcher:
 
     # --- helpers ---------------------------------------------------------------------
 
-    def _after_pass(self) -> None:
+    def _after_pass(self, delay: float | None = None) -> None:
         if self.on_pass is None or self.pass_outcome == "interrupted":
             return
-        from .report import to_json
+        from .report import refusal_report, to_json
 
+        error = None
+        if self.pass_report is None and self.pass_error is not None:
+            # No report: the refusal, as `diff --format json` would print it, so the metrics say why.
+            reason, message, started = self.pass_error
+            error = refusal_report("apply", self.state_path, reason, message)
+            error["started"] = started
+            if reason == "state-file":
+                error["problems"] = [{"text": message}]
         try:
-            self.on_pass(to_json(self.pass_report) if self.pass_report is not None else None, self.pass_outcome)
+            self.on_pass(to_json(self.pass_report) if self.pass_report is not None else None, self.pass_outcome,
+                         next_in=delay, error=error)
         except OSError as exc:  # e.g. the textfile directory is gone: say so, keep converging
             self.log(f"pass {self.passes}: cannot write the metrics: {exc}")
 

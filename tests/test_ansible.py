@@ -306,3 +306,33 @@ def test_a_missing_reconcile_and_a_bad_state_file_are_one_clear_failure_each(tmp
     assert ('"msg": "reconcile apply exited 1: bad.yaml.j2:4:5: units.\\"x.service\\": unknown key '
             "'activ' (did you mean 'active'?)\"") in proc.stdout, proc.stdout
     assert recap(proc.stdout)["t"]["failed"] == 1 and recap(proc.stdout)["t"]["ignored"] == 1
+
+
+def test_a_refusal_is_read_from_the_report_with_its_reason(tmp_path, sshd, collection):  # noqa: F811
+    """The target's apply lock is held (a real flock, held by this test): the module's failure
+    is reconcile's own line, read from its error report, and `reason` says lock-held."""
+    from reconcile_host.pipeline.journal import Journal, Lock
+
+    journal = tmp_path / "target" / "journal.jsonl"
+    journal.parent.mkdir()
+    (tmp_path / "p.yml").write_text(
+        "- hosts: t\n  gather_facts: false\n  tasks:\n"
+        f"    - reconcile.host.state: {{content: 'version: 1', journal: '{journal}', "
+        f"executable: '{sys.executable} -m reconcile_host'}}\n"
+        "      register: r\n      ignore_errors: true\n"
+        "    - debug: {msg: 'REASON={{ r.reason }} REPORT={{ r.report.error.reason }}'}\n")
+    (tmp_path / "hosts.yaml").write_text(json.dumps({"all": {"hosts": {"t": {
+        "ansible_host": "127.0.0.1", "ansible_port": sshd.port, "ansible_user": "root",
+        "ansible_python_interpreter": sys.executable,
+        "ansible_ssh_private_key_file": str(sshd.dir / "client_key"),
+        "ansible_ssh_common_args": f"-o IdentitiesOnly=yes -o UserKnownHostsFile={tmp_path / 'kh'} "
+                                   "-o StrictHostKeyChecking=accept-new"}}}}))
+    lock = Lock(Journal.at(str(journal)).lock_path)
+    lock.acquire()
+    with lock:
+        proc = subprocess.run([tool("ansible-playbook"), "-i", "hosts.yaml", "p.yml"], capture_output=True,
+                              text=True, timeout=300, cwd=tmp_path, env=ansible_env(tmp_path, collection))
+    assert proc.returncode == 0, proc.stdout  # the failure was ignored, the debug task ran
+    assert f'"msg": "reconcile apply exited 1: another reconcile apply holds {lock.path}: pid {os.getpid()}' \
+        in proc.stdout, proc.stdout
+    assert "REASON=lock-held REPORT=lock-held" in proc.stdout, proc.stdout

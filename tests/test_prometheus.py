@@ -300,7 +300,7 @@ def test_node_exporter_serves_what_watch_writes(tmp_path, fake_lib):
 def test_rules_are_valid_and_their_unit_tests_pass():
     check = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 5 rules found" in check.stdout
+    assert "SUCCESS: 11 rules found" in check.stdout
     test = subprocess.run([PROMTOOL, "test", "rules", str(RULES_TEST)], capture_output=True, text=True,
                           timeout=60)
     assert test.returncode == 0, test.stdout + test.stderr
@@ -312,7 +312,15 @@ MUTATIONS = [  # each breaks one alert; the unit tests must notice
     ("ReconcileResourceUnobservable", '{status="error"} == 1', '{status="error"} == 0'),
     ("ReconcileGpuUnhealthy", 'health="unhealthy"} == 1', 'health="unknown"} == 1'),
     ("ReconcileExtractionStalled", "[30m]", "[10m]"),
-    ("ReconcileNotRunning", "> 2 * reconcile_watch_interval_seconds", "> 4 * reconcile_watch_interval_seconds"),
+    ("ReconcileNotRunning", "clamp_min(reconcile_run_interval_seconds, 300)",
+     "clamp_min(reconcile_run_interval_seconds, 900)"),
+    ("ReconcileDriftPersists", '{status="drift"} == 1\n        for: 30m', '{status="drift"} == 1\n        for: 20m'),
+    ("ReconcileActionsFailing", "reconcile_resource_actions_failed > 0", "reconcile_resource_actions_failed > 1"),
+    ("ReconcileCannotRun", "or on (instance, job)", "and on (instance, job)"),
+    ("ReconcileTextfileStale", "2 * reconcile_run_interval_seconds + 900", "2 * reconcile_run_interval_seconds + 1800"),
+    ("ReconcileMetricsGone", "last_over_time(reconcile_up[1h]) unless reconcile_up",
+     "last_over_time(reconcile_up[1h]) and reconcile_up"),
+    ("ReconcileMetricsAbsent", "absent(reconcile_up)\n        for: 15m", "absent(reconcile_up)\n        for: 45m"),
 ]
 
 
@@ -345,7 +353,7 @@ def test_rules_use_only_series_reconcile_writes(tmp_path, host):
         labels_of.setdefault(name, set()).update(k for k, _ in ls)
     used = set(re.findall(r"\breconcile_[a-z_]+", RULES.read_text()))
     assert used and used <= set(labels_of), used - set(labels_of)
-    for series in re.findall(r"series: '([a-z_]+)\{([^}]*)\}'", RULES_TEST.read_text()):
+    for series in re.findall(r"series: '(reconcile_[a-z_]+)\{([^}]*)\}'", RULES_TEST.read_text()):
         name, body = series
         keys = {kv.split("=")[0] for kv in body.split(",")} - {"instance", "job"}  # added by the scrape
         assert name in labels_of, name

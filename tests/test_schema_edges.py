@@ -18,7 +18,7 @@ from reconcile_host.pipeline.statefile import StateFileError, bundled_schema, lo
 # Every field of every kind, valid. The walk below fails if the schema gains a field this lacks.
 BASE = {
     "version": 1,
-    "host": "*",
+    "host": {"name": "*", "machine_id": "0123456789abcdef0123456789abcdef"},  # the string form: its edge values
     "units": {"a.service": {"active": False, "enabled": False, "needs": ["mount:/data"]}},
     "gpus": {"count": 0, "max_memory_used": "1GiB", "allow": ["unit:a.service"], "healthy": True,
              "free_with": {"stop_units": True, "kill": ["python*"], "grace": "10s"},

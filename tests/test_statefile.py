@@ -50,7 +50,7 @@ MALFORMED = [
     ("units-is-list", "version: 1\nunits:\n  - a.service\n", "3:3", 'units: expected mapping, got list'),
     ("unit-spec-scalar", "version: 1\nunits:\n  a.service: stopped\n", "3:14",
      'expected mapping, got string "stopped"'),
-    ("host-not-string", "version: 1\nhost: 5\n", "2:7", "host: expected string, got integer 5"),
+    ("host-not-string", "version: 1\nhost: 5\n", "2:7", "host: expected string or mapping, got integer 5"),
     ("unit-empty-spec", "version: 1\nunits:\n  a.service: {}\n", "3:14", "should be non-empty"),
 ]
 

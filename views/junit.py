@@ -89,9 +89,20 @@ def _problems_case(doc: dict[str, Any]) -> ET.Element:
     return case
 
 
+def _refusal_case(doc: dict[str, Any]) -> ET.Element:
+    """A refused run (lock held, another machine, unreachable host): one test case, one <error>
+    whose type is the reason, so a CI job that stores the file records the host that needs attention."""
+    error = doc["error"]
+    case = ET.Element("testcase", {"classname": "reconcile", "name": _clean(error.get("reason", "error"))})
+    el = ET.SubElement(case, "error", {"type": _clean(error.get("reason", "error")),
+                                       "message": _clean(error.get("message", ""))})
+    el.text = _clean(error.get("message", ""))
+    return case
+
+
 def to_junit(doc: dict[str, Any]) -> ET.Element:
     resources = doc.get("resources", [])
-    problems = bool(doc.get("problems"))
+    problems = bool(doc.get("problems") or doc.get("error"))
     counts = {
         "tests": len(resources) + problems,
         "failures": sum(1 for r in resources if r["status"] in ("drift", "blocked")),
@@ -115,8 +126,13 @@ def to_junit(doc: dict[str, Any]) -> ET.Element:
                  "exit_code"):
         if doc.get(name) is not None:
             ET.SubElement(props, "property", {"name": name, "value": _clean(format_value(doc[name]))})
-    if problems:
+    for key, value in (doc.get("machine") or {}).items():  # which machine answered (hostname, machine-id, ...)
+        if value is not None:
+            ET.SubElement(props, "property", {"name": f"machine.{key}", "value": _clean(value)})
+    if doc.get("problems"):
         suite.append(_problems_case(doc))
+    elif problems:
+        suite.append(_refusal_case(doc))
     for res in resources:
         suite.append(_testcase(res))
     if doc.get("notes"):
@@ -126,6 +142,34 @@ def to_junit(doc: dict[str, Any]) -> ET.Element:
 
 def render_junit(doc: dict[str, Any], out: IO[str]) -> None:
     root = to_junit(doc)
+    ET.indent(root)
+    out.write('<?xml version="1.0" encoding="UTF-8"?>\n')
+    out.write(ET.tostring(root, encoding="unicode"))
+    out.write("\n")
+
+
+def render_inventory_junit(doc: dict[str, Any], out: IO[str]) -> None:
+    """An inventory run: one <testsuite> per host (its report's, as above), and for a host with no
+    report (unreachable, refused) a suite of one <error> whose type is the reason."""
+    title = f"reconcile {doc['command']}{' --dry-run' if doc.get('dry_run') else ''} --inventory"
+    root = ET.Element("testsuites", {"name": _clean(f"{title} {doc['inventory']}")})
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for entry in doc["hosts"]:
+        report = entry.get("report")
+        if report is None:
+            from ..pipeline.report import refusal_report
+
+            report = refusal_report(doc["command"], entry.get("state_file", ""), entry.get("reason") or "remote-error",
+                                    entry.get("error") or "no report", dry_run=bool(doc.get("dry_run")),
+                                    host=entry["host"])
+        suite = to_junit(report).find("testsuite")
+        assert suite is not None
+        suite.set("name", _clean(f"{entry['host']} ({entry.get('target', '')})"))
+        for key in totals:
+            totals[key] += int(suite.get(key, "0"))
+        root.append(suite)
+    for key, n in totals.items():
+        root.set(key, str(n))
     ET.indent(root)
     out.write('<?xml version="1.0" encoding="UTF-8"?>\n')
     out.write(ET.tostring(root, encoding="unicode"))

@@ -68,15 +68,33 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-def report_metrics(doc: Mapping[str, Any] | None, m: Metrics | None = None, up: bool = True) -> Metrics:
+def report_metrics(doc: Mapping[str, Any] | None, m: Metrics | None = None, up: bool = True,
+                   attempt: Mapping[str, Any] | None = None) -> Metrics:
     """The metrics of one report (its JSON form, pipeline/report.py); `doc` None: no report, only
-    `reconcile_up` and the build info."""
+    `reconcile_up` and the build info. `attempt`: the last attempt's own document when it produced
+    no report (an error report: bad state file, lock held, another machine), whose reason is
+    written as reconcile_error_info so an alert can say why (docs/prometheus.md)."""
     m = m or Metrics()
     m.family("reconcile_up", "gauge", "1 when the last run produced a report; 0 when it could not run at all "
                                       "(state file unreadable or invalid, lock error, wrong host).")
-    m.add("reconcile_up", 1 if up and doc is not None else 0)
+    m.add("reconcile_up", 1 if up and doc is not None and attempt is None else 0)
     m.family("reconcile_build_info", "gauge", "reconcile's version and its report format version.")
     m.add("reconcile_build_info", 1, {"version": __version__, "format_version": FORMAT_VERSION})
+    m.family("reconcile_error_info", "gauge", "1 with the reason the last attempt produced no report "
+                                              "(state-file, lock-held, host-mismatch, machine-mismatch, ...).")
+    m.family("reconcile_state_file_valid", "gauge", "1 when the state file validated at the last attempt, 0 "
+                                                    "when it did not.")
+    m.family("reconcile_last_attempt_timestamp_seconds", "gauge", "When the last attempt ended, whether or not "
+                                                                  "it produced a report (Unix time).")
+    last = attempt or doc
+    if attempt is not None:
+        reason = (attempt.get("error") or {}).get("reason") or ("state-file" if attempt.get("problems") else "error")
+        m.add("reconcile_error_info", 1, {"reason": reason})
+    if last is not None:
+        m.add("reconcile_state_file_valid", int(not last.get("problems")))
+        m.add("reconcile_last_attempt_timestamp_seconds",
+              round(float(last.get("started") or 0.0) + float(last.get("duration_s") or 0.0), 3))
+        _machine_metrics(m, last.get("machine") or (doc or {}).get("machine"))
     if doc is None:
         return m
     started, duration = float(doc.get("started") or 0.0), float(doc.get("duration_s") or 0.0)
@@ -97,11 +115,14 @@ def report_metrics(doc: Mapping[str, Any] | None, m: Metrics | None = None, up: 
                                                    "other statuses.")
     m.family("reconcile_resource_drift_fields", "gauge", "How many of the resource's fields differ from the "
                                                          "state file.")
+    m.family("reconcile_resource_actions_failed", "gauge", "The resource's actions that failed in the last run.")
     for res in resources:
         ident = {"id": res["id"], "kind": res["kind"]}
         for status in STATUSES:
             m.add("reconcile_resource_status", int(res["status"] == status), {**ident, "status": status})
         m.add("reconcile_resource_drift_fields", len(res.get("drift", [])), ident)
+        m.add("reconcile_resource_actions_failed",
+              sum(1 for a in res.get("actions", []) if a.get("result") == "failed"), ident)
     summary = doc.get("summary", {})
     m.family("reconcile_resources", "gauge", "Resources of the last run by status.")
     for status in STATUSES:
@@ -117,13 +138,24 @@ def report_metrics(doc: Mapping[str, Any] | None, m: Metrics | None = None, up: 
         if not isinstance(observed, Mapping):
             continue
         if res["kind"] == "gpus":
-            _gpu_metrics(m, res["id"], observed)
+            _gpu_metrics(m, res["id"], observed, (doc.get("machine") or {}).get("hostname") or doc.get("host", ""))
         elif res["kind"] == "extraction":
             _extraction_metrics(m, res["id"], observed)
     return m
 
 
-def _gpu_metrics(m: Metrics, rid: str, observed: Mapping[str, Any]) -> None:
+def _machine_metrics(m: Metrics, machine: Mapping[str, Any] | None) -> None:
+    """Which machine wrote the file (hostname, /etc/machine-id, boot id, and the SSH host key a
+    remote run connected to): an info series, joined on `instance` by the operator's queries."""
+    if not isinstance(machine, Mapping):
+        return
+    m.family("reconcile_machine_info", "gauge", "The machine the last run observed: hostname, machine-id, "
+                                                "boot id (1).")
+    keys = ("hostname", "machine_id", "boot_id") + (("ssh_host_key",) if machine.get("ssh_host_key") else ())
+    m.add("reconcile_machine_info", 1, {k: machine.get(k) or "" for k in keys})
+
+
+def _gpu_metrics(m: Metrics, rid: str, observed: Mapping[str, Any], hostname: str = "") -> None:
     gpus = observed.get("gpus") or []
     m.family("reconcile_gpus_visible", "gauge", "GPUs the driver shows.")
     m.add("reconcile_gpus_visible", len(gpus), {"id": rid})
@@ -133,8 +165,21 @@ def _gpu_metrics(m: Metrics, rid: str, observed: Mapping[str, Any]) -> None:
     m.family("reconcile_gpu_memory_total_bytes", "gauge", "GPU memory in all.")
     m.family("reconcile_gpu_temperature_celsius", "gauge", "GPU temperature.")
     m.family("reconcile_gpu_power_watts", "gauge", "GPU power draw.")
+    m.family("reconcile_gpu_info", "gauge", "One per GPU, 1, labelled as NVIDIA's dcgm-exporter labels its "
+                                            "series (gpu, UUID, pci_bus_id, device, Hostname), and its model.")
     for g in gpus:
-        labels = {"gpu": g.get("index"), "uuid": g.get("uuid", ""), "bus_id": g.get("bus_id", "")}
+        # `UUID` and `pci_bus_id` as dcgm-exporter spells them (its DCGM_FI_* series carry gpu, UUID,
+        # pci_bus_id, device, modelName, Hostname): `* on (UUID) group_left` joins the two without
+        # label_replace; `uuid`/`bus_id` stay for the rules and queries written before. The model is
+        # `model_name`: promtool's lint refuses camelCase label names, and dcgm's modelName comes
+        # with the join (group_left (modelName)).
+        labels = {"gpu": g.get("index"), "uuid": g.get("uuid", ""), "bus_id": g.get("bus_id", ""),
+                  "UUID": g.get("uuid", ""), "pci_bus_id": g.get("bus_id", "")}
+        minor = g.get("minor")
+        m.add("reconcile_gpu_info", 1, {"gpu": g.get("index"), "UUID": g.get("uuid", ""),
+                                        "pci_bus_id": g.get("bus_id", ""),
+                                        "device": f"nvidia{minor}" if isinstance(minor, int) else "",
+                                        "model_name": g.get("name") or "", "Hostname": hostname})
         health = g.get("health", "unknown")
         for value in GPU_HEALTH:
             m.add("reconcile_gpu_health", int(health == value), {**labels, "health": value})
@@ -173,10 +218,33 @@ def _extraction_metrics(m: Metrics, rid: str, observed: Mapping[str, Any]) -> No
         m.add("reconcile_extraction_job_running", bool(job.get("running")), ident)
 
 
+def is_error_report(doc: Mapping[str, Any]) -> bool:
+    return bool(doc.get("problems") or doc.get("error"))
+
+
+def run_metrics(doc: Mapping[str, Any], interval: float | None = None) -> Metrics:
+    """One `diff`/`apply` run's metrics (stdout, or `--textfile DIR` for cron). An error report
+    (bad state file, lock held, another machine) is a run that could not happen: reconcile_up 0
+    and its reason, not a report of nothing that looks healthy. `interval`: how often cron runs it
+    (`--interval`), for the not-running and staleness alerts."""
+    error = is_error_report(doc)
+    m = report_metrics(None if error else doc, attempt=doc if error else None)
+    if interval:
+        _schedule_metrics(m, interval, time.time() + interval)
+    return m
+
+
+def _schedule_metrics(m: Metrics, interval: float, next_run: float) -> None:
+    m.family("reconcile_run_interval_seconds", "gauge", "How often reconcile runs here (watch --interval, or "
+                                                        "the cron interval given with --interval).")
+    m.add("reconcile_run_interval_seconds", interval)
+    m.family("reconcile_next_run_timestamp_seconds", "gauge", "When the next run is due, after any back-off "
+                                                              "(Unix time).")
+    m.add("reconcile_next_run_timestamp_seconds", round(next_run, 3))
+
+
 def render_prometheus(doc: Mapping[str, Any], out: IO[str]) -> None:
-    # An error report (the state file could not be read: `problems`, no resources) is a run that
-    # could not happen: reconcile_up 0 and the build info, not a report of nothing that looks healthy.
-    out.write(report_metrics(None if doc.get("problems") else doc).text())
+    out.write(run_metrics(doc).text())
 
 
 def write_textfile(directory: str | os.PathLike, text: str, name: str = TEXTFILE_NAME) -> str:
@@ -200,9 +268,11 @@ class TextfileExporter:
         self.last_doc: Mapping[str, Any] | None = None
         self.path = os.path.join(self.directory, TEXTFILE_NAME)
 
-    def __call__(self, doc: Mapping[str, Any] | None, outcome: str) -> str:
-        """One pass: its report's JSON form (None when the pass produced none) and its outcome
-        (`ok`, `failed`, `skipped`)."""
+    def __call__(self, doc: Mapping[str, Any] | None, outcome: str, next_in: float | None = None,
+                 error: Mapping[str, Any] | None = None) -> str:
+        """One pass: its report's JSON form (None when the pass produced none), its outcome (`ok`,
+        `failed`, `skipped`), the wait before the next pass (back-off included) and, for a pass
+        without a report, the refusal's error report (why: state-file, journal, machine-mismatch...)."""
         self.passes[outcome] = self.passes.get(outcome, 0) + 1
         if doc is not None:
             self.last_doc = doc
@@ -211,9 +281,14 @@ class TextfileExporter:
                     if a.get("result") in self.actions:
                         self.actions[a["result"]] += 1
         # A pass without a report (bad state file, lock error) keeps the previous report's
-        # metrics, whose timestamp then ages: "not run for 2 intervals" fires if it lasts.
-        up = doc is not None or outcome == "skipped"
-        m = report_metrics(self.last_doc, up=up and self.last_doc is not None)
+        # metrics, whose timestamp then ages, and says why it could not run: reconcile_up 0 and
+        # reconcile_error_info{reason}, on which ReconcileCannotRun fires (also on a watch whose
+        # state file never validated, which has no previous report at all).
+        up = (doc is not None or outcome == "skipped") and self.last_doc is not None
+        attempt = None if up else (error or {"error": {"reason": "error"}, "started": self.clock()})
+        m = report_metrics(self.last_doc, up=up, attempt=attempt)
+        now = self.clock()
+        _schedule_metrics(m, self.interval, now + (self.interval if next_in is None else next_in))
         m.family("reconcile_watch_interval_seconds", "gauge", "reconcile watch's interval between passes.")
         m.add("reconcile_watch_interval_seconds", self.interval)
         m.family("reconcile_watch_passes_total", "counter", "Passes of this reconcile watch process by outcome.")
@@ -225,6 +300,5 @@ class TextfileExporter:
             m.add("reconcile_watch_actions_total", n, {"result": result})
         m.family("reconcile_watch_last_pass_timestamp_seconds", "gauge", "When the last pass ended, whatever its "
                                                                          "outcome (Unix time).")
-        m.add("reconcile_watch_last_pass_timestamp_seconds", round(self.clock(), 3))
+        m.add("reconcile_watch_last_pass_timestamp_seconds", round(now, 3))
         return write_textfile(self.directory, m.text())
-

@@ -46,6 +46,11 @@ def render_text(doc: dict[str, Any], out: IO[str], verbose: bool = False, style:
     s = style or Style(out)
     title = f"reconcile {doc['command']}{' --dry-run' if doc.get('dry_run') else ''}: {doc['state_file']}"
     out.write(s(title, "bold") + f" on {doc['host']}\n")
+    machine = doc.get("machine") or {}
+    ids = [f"{label} {machine[key]}" for key, label in (("machine_id", "machine-id"), ("boot_id", "boot"),
+                                                         ("ssh_host_key", "host key")) if machine.get(key)]
+    if ids:  # which machine answered: a recreated VM or a reused address shows here first
+        out.write(s("  " + ", ".join(ids), "dim") + "\n")
     for note in doc.get("notes", []):
         out.write(s(f"warning: {note}", "yellow") + "\n")
     out.write("\n")

@@ -38,9 +38,10 @@ class LoadedState:
 
     path: str
     version: int
-    host: str | None
+    host: str | None  # the hostname glob: `host: GLOB`, or `host: {name: GLOB}`
     doc: dict[str, Any]
     resources: tuple[Resource, ...]  # in the order they are reconciled
+    machine_id: str | None = None  # `host: {machine_id: ...}`: the /etc/machine-id it is pinned to
 
     @property
     def by_id(self) -> dict[str, Resource]:
@@ -222,5 +223,7 @@ def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache:
             cache.write(digest, doc)
         built = build_resources(doc, on_kind)
     resources = order_resources(built)
-    return LoadedState(path=label, version=doc["version"], host=doc.get("host"), doc=doc,
-                       resources=tuple(resources))
+    host = doc.get("host")
+    pinned = host if isinstance(host, dict) else {"name": host}
+    return LoadedState(path=label, version=doc["version"], host=pinned.get("name"), doc=doc,
+                       resources=tuple(resources), machine_id=pinned.get("machine_id"))

@@ -159,10 +159,10 @@ def message_for(error: Any, doc_pos: Positions) -> tuple[Position, str]:
         missing = m.group(1) if m else error.message
         return doc_pos.of_value(path), f"{prefix}missing required key {missing!r}"
     if v == "type":
+        names = {"object": "mapping", "array": "list"}  # YAML's words
         want = error.validator_value
-        want = " or ".join(want) if isinstance(want, list) else want
+        want = " or ".join(names.get(w, w) for w in want) if isinstance(want, list) else names.get(want, want)
         have = JSON_TYPES.get(type(error.instance), type(error.instance).__name__)
-        want = {"object": "mapping", "array": "list"}.get(want, want)
         return doc_pos.of_value(path), f"{prefix}expected {want}, got {have} {json.dumps(error.instance)}"
     if v == "enum":
         choices = ", ".join(json.dumps(c) for c in error.validator_value)

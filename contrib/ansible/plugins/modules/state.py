@@ -157,6 +157,13 @@ rc:
   returned: when reconcile ran
   type: int
   sample: 0
+reason:
+  description: >-
+    Why reconcile refused or could not run, from its error report (C(error.reason)), e.g.
+    C(lock-held), C(host-mismatch), C(machine-mismatch), C(journal), C(state-file).
+  returned: when reconcile printed an error report
+  type: str
+  sample: lock-held
 stderr:
   description: What reconcile wrote on standard error.
   returned: when reconcile ran
@@ -286,11 +293,16 @@ def main():
         rc, doc, err = run_reconcile(module, apply_argv, p["content"])
     result.update(rc=rc, stderr=err, cmd=argv)
 
-    if doc is None or doc.get("problems"):
-        # No report, or the error report of a state file that could not be read: nothing was
-        # observed, so the message is reconcile's own first line (FILE:LINE:COL: ...).
+    if doc is None or doc.get("problems") or doc.get("error"):
+        # No report, or an error report (a state file that could not be read, a refusal: lock
+        # held, another machine): nothing was observed, so the message is reconcile's own line,
+        # read from the report (error.message, FILE:LINE:COL: ...) rather than from stderr.
         problems = (doc or {}).get("problems") or []
-        why = (problems[0].get("text") if problems else None) or first_line(err) or "no report on standard output"
+        error = (doc or {}).get("error") or {}
+        why = ((problems[0].get("text") if problems else None) or error.get("message") or first_line(err)
+               or "no report on standard output")
+        if error.get("reason"):
+            result["reason"] = error["reason"]
         if doc is not None:
             result["report"] = doc
         module.fail_json(msg="reconcile %s exited %d: %s" % ("diff" if module.check_mode else "apply", rc, why),
