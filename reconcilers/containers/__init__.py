@@ -100,7 +100,7 @@ class ContainersReconciler(Reconciler):
             if r.name in a.found:
                 have.append(engine)
             elif a.installed and r.name not in a.missing:
-                unknown.append(f"{engine}: {a.error}")
+                unknown.append(a.error)
             if a.installed:
                 installed.append(engine)
         if declared and not installed:
@@ -109,7 +109,7 @@ class ContainersReconciler(Reconciler):
             return ObserveError("neither docker nor podman is installed (not on PATH)")
         if unknown:
             # An engine that cannot be asked may have the container: never read as "not there".
-            hint = "" if declared or have else "; declare `engine:` if it is known which engine runs it"
+            hint = "" if declared else "; declare `engine:` if it is known which engine runs it"
             return ObserveError("; ".join(unknown) + hint)
         if len(have) > 1:
             return ObserveError(f"both docker and podman have a container named {r.name}: declare `engine:` "
