@@ -70,10 +70,13 @@ def test_podman_inspect_as_captured():
 def test_unreachable_daemon_is_never_missing(stderr):
     a = inspect(Replay({"docker": (1, "", stderr)}), "docker", ["vllm"])
     assert a.missing == set() and "Cannot connect to the Docker daemon" in a.error
-    res = R.resources({"vllm": {"running": False}})[0]
-    podman = inspect(Replay({"podman": PODMAN_OK}), "podman", ["vllm"])
-    seen = R._one(res, {"docker": a, "podman": podman}, False, lambda e: True)
+    podman = inspect(Replay({"podman": PODMAN_OK}), "podman", ["vllm", "ghost"])
+    ghost = R.resources({"ghost": {"running": False}})[0]  # podman has none; docker might
+    seen = R._one(ghost, {"docker": a, "podman": podman}, False, lambda e: True)
     assert isinstance(seen, ObserveError) and "declare `engine:`" in str(seen)
+    # podman has it: taken as podman's, with what could not be known said.
+    seen = R._one(R.resources({"vllm": {"running": False}})[0], {"docker": a, "podman": podman}, False, None)
+    assert seen.engine == "podman" and "Cannot connect" in seen.note and "engine: podman" in seen.note
 
 
 def test_newer_cli_words_missing_differently():

@@ -18,6 +18,7 @@ created from another image than declared, is blocked with the step a person take
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ...pipeline.contract import (
@@ -107,7 +108,7 @@ class ContainersReconciler(Reconciler):
             return ObserveError(f"{declared} is not installed (not on PATH): cannot tell what runs in it")
         if not installed:
             return ObserveError("neither docker nor podman is installed (not on PATH)")
-        if unknown:
+        if unknown and len(have) != 1:
             # An engine that cannot be asked may have the container: never read as "not there".
             hint = "" if declared else "; declare `engine:` if it is known which engine runs it"
             return ObserveError("; ".join(unknown) + hint)
@@ -119,8 +120,14 @@ class ContainersReconciler(Reconciler):
         engine = have[0]
         want = r.spec.get("restart")
         settable = True if engine == "docker" or not want else can_set(engine)
-        return observed_of(r.name, engine, answers[engine].found[r.name], local,
-                           str(r.spec.get("unit") or ""), settable)
+        seen = observed_of(r.name, engine, answers[engine].found[r.name], local, str(r.spec.get("unit") or ""),
+                           settable)
+        if unknown:
+            # One engine has it and the other cannot be asked (docker.io installed, its daemon down):
+            # the one that answered is taken, and the report says what was not known.
+            why = f"{'; '.join(unknown)}: taken to be {engine}'s (declare `engine: {engine}` to say so)"
+            seen = replace(seen, note="; ".join(n for n in (seen.note, why) if n))
+        return seen
 
     # --- diff / plan ---
 
@@ -141,7 +148,8 @@ class ContainersReconciler(Reconciler):
 
     def plan(self, resource: Resource, observed: ContainerObserved, drift: Sequence[Drift], ctx: Context) -> Plan:
         if not drift:
-            return Plan(message="" if observed.exists else f"{ABSENT} ({observed.engine})")
+            return Plan(message="" if observed.exists else f"{ABSENT} ({observed.engine})",
+                        caveats=(observed.note,) if observed.exists and observed.note else ())
         name, engine = resource.name, observed.engine
         fields = {d.field: d for d in drift}
         if not observed.exists:
