@@ -19,6 +19,7 @@ What each engine says, as probed on Debian 12 (docker.io 20.10, podman 4.3):
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -118,6 +119,18 @@ def restart_settable(host: Host, engine: str) -> bool:
     return res.ok and "--restart" in res.stdout
 
 
+# The kernel's initial PID namespace has this fixed inode number (include/linux/proc_ns.h,
+# PROC_PID_INIT_INO): from there every process on the host is in /proc.
+PROC_PID_INIT_INO = 0xEFFFFFFC
+
+
+def initial_pid_namespace() -> bool:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino == PROC_PID_INIT_INO
+    except OSError:
+        return False
+
+
 def observed_of(name: str, engine: str, entry: Mapping[str, Any], local: bool,
                 declared_unit: str = "", settable: bool = True) -> ContainerObserved:
     state = entry.get("State") or {}
@@ -131,7 +144,11 @@ def observed_of(name: str, engine: str, entry: Mapping[str, Any], local: bool,
     unit, unit_from = declared_unit, "declared" if declared_unit else ""
     if local:
         host_pids = tuple(pids_in({cid}).get(cid, ()))
-        if running and not host_pids:
+        if running and not host_pids and not initial_pid_namespace():
+            # Run in a PID namespace of its own (a container, a namespaced systemd), reconcile does
+            # not see the engine's processes: absence here proves nothing, the engine's word stands.
+            note = f"{engine}'s processes are not visible from this PID namespace: its word is taken"
+        elif running and not host_pids:
             # Podman's record can say running after conmon died with the container: the engine's
             # word and the kernel's disagree, so neither is taken.
             running = None
