@@ -196,3 +196,22 @@ def test_image_mismatch_is_blocked(tmp_path, dockerd, podman_store, names):
     rc, report = reconcile(tmp_path, dockerd, podman_store, f"containers:\n  {name}:\n    image: {created_from}\n",
                            "diff")
     assert rc == 0
+
+
+def test_a_compose_service_selected_by_its_labels(tmp_path, dockerd, podman_store, names):
+    name = names("serve-vllm")  # as docker compose names it: PROJECT-SERVICE-N
+    project = name.split("-", 1)[1]
+    dockerd.docker("run", "-d", "--name", name, "--network", "none", "--restart=always",
+                   "--label", f"com.docker.compose.project={project}", "--label", "com.docker.compose.service=vllm",
+                   cs.IMAGE, "/bin/sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done")
+    state = (f'containers:\n  vllm:\n    engine: docker\n    compose: {{project: {project}, service: vllm}}\n'
+             '    running: false\n    restart: "no"\n')
+    rc, report = reconcile(tmp_path, dockerd, podman_store, state)
+    r = resource(report, "container:vllm")
+    assert rc == 0 and [a["target"] for a in r["actions"]] == [name, name]  # docker's name for it
+    seen = dockerd.inspect(name)
+    assert seen["State"]["Running"] is False and cs.policy(seen) == "no"
+    assert seen["Config"]["Labels"]["com.docker.compose.project"] == project
+    other = state.replace(f"project: {project}", "project: nothing-here")
+    rc, report = reconcile(tmp_path, dockerd, podman_store, other, "diff")
+    assert rc == 0 and resource(report, "container:vllm")["status"] == "ok"  # no such service: not running

@@ -39,19 +39,19 @@ class Replay:
 
 DOCKER_OK = (1, "docker-20.10-inspect.json", "docker-20.10-inspect.stderr")
 PODMAN_OK = (125, "podman-4.3-inspect.json", "podman-4.3-inspect.stderr")
-NOT_INSTALLED = (127, "", "")
+NOT_INSTALLED_RC = (127, "", "")
 
 
 def test_docker_inspect_as_captured():
     a = inspect(Replay({"docker": DOCKER_OK}), "docker", ["vllm", "job", "ghost"])
     assert not a.error and a.missing == {"ghost"}
     res = {r.name: r for r in R.resources({"vllm": {"restart": "no"}, "job": {"running": False}})}
-    seen = R._one(res["vllm"], {"docker": a, "podman": inspect(Replay({"podman": NOT_INSTALLED}), "podman", [])},
+    seen = R._one(res["vllm"], {"docker": a, "podman": inspect(Replay({"podman": NOT_INSTALLED_RC}), "podman", [])},
                   False, lambda e: True)
     assert (seen.engine, seen.running, seen.restart, seen.image) == ("docker", True, "unless-stopped",
                                                                      "vllm/vllm-openai:v0.6.3")
     assert seen.compose == ("serve", "vllm")
-    job = R._one(res["job"], {"docker": a, "podman": inspect(Replay({"podman": NOT_INSTALLED}), "podman", [])},
+    job = R._one(res["job"], {"docker": a, "podman": inspect(Replay({"podman": NOT_INSTALLED_RC}), "podman", [])},
                  False, lambda e: True)
     assert (job.running, job.restart, job.status) == (False, "on-failure:3", "exited")
 
@@ -93,7 +93,7 @@ def test_both_engines_having_the_name_is_an_error():
 
 
 def test_engine_not_installed():
-    none = {e: inspect(Replay({e: NOT_INSTALLED}), e, ["x"]) for e in ("docker", "podman")}
+    none = {e: inspect(Replay({e: NOT_INSTALLED_RC}), e, ["x"]) for e in ("docker", "podman")}
     assert isinstance(R._one(R.resources({"x": {"running": False}})[0], none, False, None), ObserveError)
     declared = R.resources({"x": {"engine": "docker", "running": False}})[0]
     assert "docker is not installed" in str(R._one(declared, none, False, None))
@@ -245,3 +245,35 @@ def test_a_container_its_engine_cannot_name_is_blocked():
     ref = ContainerRef("docker", ID, error="cannot ask docker: Cannot connect to the Docker daemon")
     actions, notes, blocked = gpu_plan(gpus_observed(holder(container=ref)))
     assert not actions and "nothing was signalled" in blocked[0] and "Cannot connect" in blocked[0]
+
+
+class Say:
+    """A host whose every command prints STDOUT and exits RC."""
+
+    prefix = ()
+
+    def __init__(self, rc: int, stdout: str, stderr: str = ""):
+        self.rc, self.stdout, self.stderr = rc, stdout, stderr
+
+    def run(self, argv, timeout=None):
+        return CommandResult(tuple(argv), self.rc, self.stdout, self.stderr)
+
+
+def test_compose_selector():
+    from reconcile_host.reconcilers.containers.engines import NOT_INSTALLED, compose_key
+
+    assert compose_key(Say(0, f"{ID}\n"), "docker", "serve", "vllm") == ID
+    assert compose_key(Say(0, ""), "docker", "serve", "vllm") is None
+    assert "scaled" in compose_key(Say(0, f"{ID}\n{'b' * 64}\n"), "docker", "serve", "vllm")
+    assert compose_key(Say(127, ""), "podman", "serve", "vllm") == NOT_INSTALLED
+    res = R.resources({"vllm": {"compose": {"project": "serve", "service": "vllm"}, "running": False}})[0]
+    assert res.spec["compose"] == ("serve", "vllm")
+    answers = {"docker": inspect(Replay({"docker": DOCKER_OK}), "docker", ["vllm"]),
+               "podman": inspect(Replay({"podman": NOT_INSTALLED_RC}), "podman", [])}
+    docker_id = answers["docker"].found["vllm"]["Id"]
+    seen = R._one(res, answers, False, None, {"docker": docker_id, "podman": NOT_INSTALLED})
+    assert seen.name == "vllm" and seen.compose == ("serve", "vllm")
+    scaled = R._one(res, answers, False, None, {"docker": "!compose service serve/vllm has 2", "podman": None})
+    assert isinstance(scaled, ObserveError) and "has 2" in str(scaled)
+    gone = R._one(res, answers, False, None, {"docker": None, "podman": NOT_INSTALLED})
+    assert not gone.exists and not R.diff(res, gone)

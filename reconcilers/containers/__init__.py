@@ -35,7 +35,10 @@ from ...pipeline.contract import (
 from ...pipeline.values import parse_duration
 from .engines import (
     CALL_TIMEOUT,
+    NOT_INSTALLED,
     STOP_TIMEOUT,
+    EngineAnswer,
+    compose_key,
     image_ref,
     inspect,
     normal_policy,
@@ -64,6 +67,8 @@ class ContainersReconciler(Reconciler):
                 spec["stop_timeout"] = parse_duration(spec["stop_timeout"])
             if "restart" in spec:
                 spec["restart"] = normal_policy(str(spec["restart"]))
+            if "compose" in spec:
+                spec["compose"] = (str(spec["compose"]["project"]), str(spec["compose"]["service"]))
             out.append(Resource(id=f"container:{name}", kind=self.kind, name=name, spec=spec,
                                 needs=tuple(raw.get("needs", ()))))
         return out
@@ -74,10 +79,18 @@ class ContainersReconciler(Reconciler):
         if not resources:
             return {}
         asked: dict[str, list[str]] = {}
+        keys: dict[str, dict[str, Any]] = {}  # resource id -> engine -> what to look up (see _one)
         for r in resources:
             for engine in (r.spec["engine"],) if r.spec.get("engine") else ENGINES:
-                asked.setdefault(engine, []).append(r.name)
-        answers = {engine: inspect(host, engine, names) for engine, names in asked.items()}
+                key: Any = r.name
+                if r.spec.get("compose"):
+                    key = compose_key(host, engine, *r.spec["compose"])
+                keys.setdefault(r.id, {})[engine] = key
+                names = asked.setdefault(engine, [])
+                if isinstance(key, str) and not key.startswith("!"):
+                    names.append(key)
+        answers = {engine: inspect(host, engine, names) if names else EngineAnswer({}, set())
+                   for engine, names in asked.items()}
         local = not getattr(host, "prefix", ())  # behind a prefix, this /proc is not the containers' host
         settable: dict[str, bool] = {}
 
@@ -88,19 +101,31 @@ class ContainersReconciler(Reconciler):
 
         out: dict[str, Any] = {}
         for r in resources:
-            out[r.id] = self._one(r, answers, local, can_set)
+            out[r.id] = self._one(r, answers, local, can_set, keys.get(r.id))
         return out
 
     @staticmethod
-    def _one(r: Resource, answers: Mapping[str, Any], local: bool, can_set) -> ContainerObserved | ObserveError:
+    def _one(r: Resource, answers: Mapping[str, Any], local: bool, can_set,
+             keys: Mapping[str, Any] | None = None) -> ContainerObserved | ObserveError:
+        """The resource as its engine reports it. KEYS: per engine, the name or id to look up (the
+        declared name by default), None where a compose selector matched no container, or
+        "!why" where the selector could not be resolved (several containers, an error)."""
         declared = r.spec.get("engine")
         engines = (declared,) if declared else ENGINES
+        keys = keys or {e: r.name for e in engines}
         have, unknown, installed = [], [], []
         for engine in engines:
-            a = answers[engine]
-            if r.name in a.found:
+            a, key = answers[engine], keys[engine]
+            if key is None:
+                pass  # the selector matched no container: missing there
+            elif key.startswith("!"):
+                if key != NOT_INSTALLED:
+                    unknown.append(key[1:])
+                    installed.append(engine)
+                continue
+            elif key in a.found:
                 have.append(engine)
-            elif a.installed and r.name not in a.missing:
+            elif a.installed and key not in a.missing:
                 unknown.append(a.error)
             if a.installed:
                 installed.append(engine)
@@ -120,8 +145,9 @@ class ContainersReconciler(Reconciler):
         engine = have[0]
         want = r.spec.get("restart")
         settable = True if engine == "docker" or not want else can_set(engine)
-        seen = observed_of(r.name, engine, answers[engine].found[r.name], local, str(r.spec.get("unit") or ""),
-                           settable)
+        entry = answers[engine].found[keys[engine]]
+        seen = observed_of(str(entry.get("Name", r.name)).lstrip("/"), engine, entry, local,
+                           str(r.spec.get("unit") or ""), settable)
         if unknown:
             # One engine has it and the other cannot be asked (docker.io installed, its daemon down):
             # the one that answered is taken, and the report says what was not known.
@@ -150,7 +176,8 @@ class ContainersReconciler(Reconciler):
         if not drift:
             return Plan(message="" if observed.exists else f"{ABSENT} ({observed.engine})",
                         caveats=(observed.note,) if observed.exists and observed.note else ())
-        name, engine = resource.name, observed.engine
+        # The container's own name (a compose selector's container is named by compose).
+        name, engine = (observed.name if observed.exists else resource.name), observed.engine
         fields = {d.field: d for d in drift}
         if not observed.exists:
             return Plan(blocked=f"{engine} has no container named {name}: create it (`{engine.split('/')[0]} run -d "

@@ -78,6 +78,30 @@ def inspect(host: Host, engine: str, names: Sequence[str]) -> EngineAnswer:
     return EngineAnswer(found, missing, error)
 
 
+NOT_INSTALLED = "!not installed"
+
+
+def compose_key(host: Host, engine: str, project: str, service: str) -> str | None:
+    """The id of the one container of a compose service (its com.docker.compose.* labels, which
+    docker compose and podman-compose both set), None for none, "!why" when it cannot be said.
+    `ps -q` prints ids only: nothing of the table is parsed."""
+    argv = [engine, "ps", "-a", "-q", "--no-trunc", "--filter", f"label={COMPOSE_PROJECT}={project}",
+            "--filter", f"label={COMPOSE_SERVICE}={service}"]
+    try:
+        res = host.run(argv, timeout=CALL_TIMEOUT)
+    except CommandTimeout as exc:
+        return f"!{engine} did not answer: {exc}"
+    if res.returncode == 127:
+        return NOT_INSTALLED
+    if not res.ok:
+        return f"!cannot ask {engine} for compose service {project}/{service}: {res.brief()}"
+    ids = res.stdout.split()
+    if len(ids) > 1:
+        return (f"!compose service {project}/{service} has {len(ids)} containers in {engine} (scaled): "
+                "declare each by name")
+    return ids[0] if ids else None
+
+
 def restart_of(entry: Mapping[str, Any]) -> str:
     """The restart policy in the engine's own words (`docker run --restart`): no, always,
     unless-stopped, on-failure or on-failure:N. Podman's "" is "no"."""
