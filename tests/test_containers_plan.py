@@ -220,7 +220,7 @@ def test_a_holder_in_a_container_is_stopped_through_its_engine_never_signalled()
     actions, notes, blocked = gpu_plan(gpus_observed(holder(container=VLLM), holder(4243, container=VLLM)))
     assert [(a.action, a.target, a.params["engine"], a.params["id"]) for a in actions] == [
         ("stop-container", "vllm", "docker", ID)]  # one stop for the container's two holders
-    assert "restart vllm" not in actions[0].description and "(always) starts it again" in actions[0].description
+    assert "(always) starts it again when dockerd restarts" in actions[0].description
     off = {**SPEC, "free_with": {**SPEC["free_with"], "stop_containers": False}}
     actions, notes, blocked = gpu_plan(gpus_observed(holder(container=VLLM)), off)
     assert not actions and "stop_containers is off" in blocked[0]  # the kill glob `sh` is not used

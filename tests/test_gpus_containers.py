@@ -157,7 +157,7 @@ def test_undeclared_container_is_stopped_through_its_engine(story):
     rc, report = story.cli("diff", state)
     planned = by_id(report)["gpus"]["actions"]
     assert [(a["action"], a["target"]) for a in planned] == [("stop-container", "vllm")]
-    assert "policy (always) starts it again when the engine restarts" in planned[0]["description"]
+    assert "policy (always) starts it again when dockerd restarts" in planned[0]["description"]
     rc, report = story.cli("apply", state)
     assert done(report) == [("gpus", "stop-container", "vllm")]
     assert rc == 0, report

@@ -183,7 +183,8 @@ def _container_plan(h: Holder, what: str, free: Mapping[str, Any], ctx: Context,
         blocked.append(f"{what}: its engine cannot be asked about it, so it is not stopped: nothing was signalled")
         return
     declared = ctx.resources.get(f"container:{c.name}")
-    back = {"always": "; its policy (always) starts it again when the engine restarts: declare containers: "
+    when = "when dockerd restarts" if c.engine == "docker" else "at boot (podman-restart.service)"
+    back = {"always": f"; its policy (always) starts it again {when}: declare containers: "
                       f"{c.name}: {{running: false, restart: \"no\"}}",
             "unless-stopped": "", "no": ""}.get(c.restart, f"; its policy is {c.restart}")
     if declared is not None and declared.spec.get("running") is False:
