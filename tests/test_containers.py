@@ -215,3 +215,25 @@ def test_a_compose_service_selected_by_its_labels(tmp_path, dockerd, podman_stor
     other = state.replace(f"project: {project}", "project: nothing-here")
     rc, report = reconcile(tmp_path, dockerd, podman_store, other, "diff")
     assert rc == 0 and resource(report, "container:vllm")["status"] == "ok"  # no such service: not running
+
+
+def test_after_the_policy_change_kill_9_is_not_undone(tmp_path, dockerd, podman_store, names):
+    """Verified against the policy itself: a running `always` container set to `no` by reconcile,
+    then killed -9, is left exited. Conclusive without a clock: dockerd decides at the exit, and
+    marks a container it will restart `restarting`, one it will not `exited` (daemon/monitor.go,
+    handleContainerExit)."""
+    name = names("vllm")
+    run_container(dockerd, name, "always")
+    killed_comes_back(dockerd, name)
+    state = f'containers:\n  {name}:\n    running: true\n    restart: "no"\n'
+    rc, report = reconcile(tmp_path, dockerd, podman_store, state)
+    assert rc == 0 and acted(report) == ["update-restart"]
+    before = dockerd.inspect(name)
+    os.kill(cs.host_pid(before), signal.SIGKILL)  # the container's process, started by this test
+    after = cs.wait_for("the exit handled", lambda: (i := dockerd.inspect(name))["State"]["Status"] in (
+        "exited", "restarting") and i)
+    assert after["State"]["Status"] == "exited" and after["RestartCount"] == before["RestartCount"]
+    dockerd.restart()
+    assert dockerd.inspect(name)["State"]["Running"] is False
+    rc, report = reconcile(tmp_path, dockerd, podman_store, state, "diff")
+    assert rc == 2 and [a["action"] for a in resource(report, f"container:{name}")["actions"]] == ["start"]

@@ -277,3 +277,18 @@ def test_compose_selector():
     assert isinstance(scaled, ObserveError) and "has 2" in str(scaled)
     gone = R._one(res, answers, False, None, {"docker": None, "podman": NOT_INSTALLED})
     assert not gone.exists and not R.diff(res, gone)
+
+
+def test_owner_unit_from_podmans_label():
+    import copy
+    import json
+
+    from reconcile_host.reconcilers.containers.engines import observed_of
+
+    entry = copy.deepcopy(next(e for e in json.loads((DATA / "podman-4.3-inspect.json").read_text())
+                               if e["Name"] == "vllm"))
+    assert observed_of("vllm", "podman", entry, False).unit == ""
+    entry["Config"]["Labels"] = {"PODMAN_SYSTEMD_UNIT": "container-vllm.service"}
+    seen = observed_of("vllm", "podman", entry, False)
+    assert seen.unit == "container-vllm.service" and "PODMAN_SYSTEMD_UNIT" in seen.unit_from
+    assert observed_of("vllm", "podman", entry, False, declared_unit="mine.service").unit == "mine.service"
