@@ -87,13 +87,18 @@ def main() -> None:
 @main.command()
 @click.argument("files", nargs=-1, required=True)
 def validate(files: tuple[str, ...]) -> None:
-    """Check state FILES; print FILE:LINE:COL: message for each problem."""
+    """Check state FILES (`-`: the state on standard input); print FILE:LINE:COL: message for
+    each problem."""
     from .pipeline.statefile import StateFileError, load
+    from .pipeline.statefile.text import LIMITS
 
     bad = 0
     for f in files:
         try:
-            load(f)
+            if f == "-":  # as diff reads it: at most one byte past the limit
+                load("<stdin>", text=sys.stdin.buffer.read(LIMITS.max_bytes + 1))
+            else:
+                load(f)
         except StateFileError as exc:
             bad += 1
             for problem in exc.problems:

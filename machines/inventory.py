@@ -71,8 +71,8 @@ def load_inventory(path: str) -> Inventory:
     from ..pipeline.statefile.schema import format_checker, message_for
     from ..pipeline.values import parse_duration
 
-    text = decode(read_bounded(path, path), path)  # bounded, UTF-8, problems with positions
-    data, pos = parse_yaml(text, path)
+    text = decode(read_bounded(path, path, what="an inventory"), path)  # bounded, UTF-8, with positions
+    data, pos = parse_yaml(text, path, what="an inventory")
     if not isinstance(data, dict):
         raise StateFileError([f"{path}:1:1: expected a mapping with 'version: 1' and 'hosts'"])
     schema = json.loads(Path(SCHEMA_DIR, "inventory.schema.json").read_text())

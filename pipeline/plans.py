@@ -128,9 +128,10 @@ def is_saved_plan(path: str | os.PathLike) -> bool:
     """A JSON object with a plan_format key; a state file (YAML, or JSON with `version`) is not.
     Only the first bytes are read: a JSON object that mentions "plan_format" there is taken for a
     plan, and load_plan says what is wrong with it."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(_SNIFF_BYTES)
+    from .statefile.text import read_regular
+
+    try:  # a FIFO or a device is no plan (and is not opened): the state file's loader refuses it
+        head = read_regular(os.fspath(path), _SNIFF_BYTES)
     except OSError:
         return False
     return head.lstrip().startswith(b"{") and b'"plan_format"' in head
@@ -139,12 +140,15 @@ def is_saved_plan(path: str | os.PathLike) -> bool:
 def load_plan(path: str | os.PathLike) -> dict[str, Any]:
     """The saved plan, checked whole before anything is done: its shape, and that it matches itself
     (check_plan). PlanError otherwise."""
+    from .statefile.text import NotRegularFile, read_regular
+
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_PLAN_BYTES + 1)
+        raw = read_regular(os.fspath(path), MAX_PLAN_BYTES + 1)
         if len(raw) > MAX_PLAN_BYTES:
             raise PlanError(f"refusing the saved plan {path}: larger than {MAX_PLAN_BYTES // 2**20} MiB")
         plan = json.loads(raw)
+    except NotRegularFile as exc:
+        raise PlanError(f"refusing the saved plan {path}: it is {exc.what}, not a regular file") from None
     except OSError as exc:
         raise PlanError(f"cannot read the saved plan {path}: {exc.strerror or exc}") from None
     except (ValueError, RecursionError) as exc:

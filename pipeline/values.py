@@ -3,7 +3,9 @@ want/have values. Plain functions with no state, imported by every layer above."
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterable
 from typing import Any
 
 _SIZE_UNITS = {
@@ -105,3 +107,34 @@ def format_value(v: Any) -> str:
     if v is None:
         return "null"
     return str(v)
+
+
+def dotted(path: Iterable) -> str:
+    """A path in the document as messages print it: `mounts."/data".options[0]`."""
+    parts = []
+    for p in path:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        elif re.fullmatch(r"[A-Za-z0-9_-]+", p):
+            parts.append(("." if parts else "") + p)
+        else:
+            parts.append(("." if parts else "") + json.dumps(p))
+    return "".join(parts)
+
+
+def never_answers(specs: Iterable[tuple[tuple, Any]], field: str) -> list[tuple[tuple, str]]:
+    """(path, message) for each (path, spec) whose `field` is a duration of zero: a deadline that
+    passes before anything can answer never holds (the resource would be reported stuck on every
+    run). For a kind's `problems`; `path` is the spec's place in its section (() for a singleton)."""
+    out = []
+    for path, spec in specs:
+        if isinstance(spec, dict) and field in spec:
+            try:
+                zero = parse_duration(spec[field]) == 0
+            except ValueError:
+                continue  # the schema says what is wrong with it
+            if zero:
+                where = (*path, field)
+                out.append((where, f"{dotted(where)}: {spec[field]} leaves no time to answer, so every "
+                                   f"observation would be reported stuck; give a positive duration"))
+    return out

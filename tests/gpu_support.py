@@ -27,8 +27,10 @@ SEED_TOTAL_MIB = 97887  # RTX PRO 6000 Blackwell, as nvidia-smi showed it on the
 SEED_GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
 
-def build_fake_nvml(outdir: Path, old_driver: bool = False) -> Path:
-    """Compile the fake into OUTDIR/libnvidia-ml.so.1; return OUTDIR (for LD_LIBRARY_PATH)."""
+def build_fake_nvml(outdir: Path, old_driver: bool = False, temperature_v: bool = True) -> Path:
+    """Compile the fake into OUTDIR/libnvidia-ml.so.1; return OUTDIR (for LD_LIBRARY_PATH).
+    OLD_DRIVER: a driver before 510 (no _v3 process lists, memory v2 or nvmlDeviceGetTemperatureV);
+    TEMPERATURE_V=False: a driver with all of those but nvmlDeviceGetTemperatureV."""
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
         raise FileNotFoundError("gcc not found")
@@ -37,6 +39,8 @@ def build_fake_nvml(outdir: Path, old_driver: bool = False) -> Path:
            str(outdir / "libnvidia-ml.so.1"), *map(str, FAKE_SRC)]
     if old_driver:
         cmd.insert(1, "-DFAKE_OLD_DRIVER")
+    if not temperature_v:
+        cmd.insert(1, "-DFAKE_NO_TEMPERATURE_V")
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return outdir
 

@@ -53,8 +53,10 @@ class Positions:
 
 # --- text-level checks (the bounded reading itself: text.py) -------------------------------
 
-# YAML's printable set (YAML 1.2 §5.1 c-printable; ruamel's reader.py NON_PRINTABLE).
-_NON_PRINTABLE = re.compile("[^\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+# YAML's printable set (YAML 1.2 §5.1 c-printable; ruamel's reader.py NON_PRINTABLE) less U+0085
+# (NEL): YAML counts it printable, and a line break too, but it is a C1 control character, which a
+# state file refuses with the others; editors and YAML parsers disagree on where its lines start.
+_NON_PRINTABLE = re.compile("[^\x09\x0a\x0d\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 # --- scalars: YAML 1.2 core schema as ruamel resolves it ----------------------------------
@@ -74,7 +76,7 @@ class _Problem(Exception):
         self.message = message
 
 
-def resolve_plain(value: str, limits: Limits = LIMITS) -> Any:
+def resolve_plain(value: str, limits: Limits = LIMITS, what: str = "a state file") -> Any:
     """A plain (unquoted, untagged) scalar -> None, bool, int, float or str. _Problem for numbers
     that cannot be represented faithfully."""
     if value in _NULLS:
@@ -104,7 +106,7 @@ def resolve_plain(value: str, limits: Limits = LIMITS) -> Any:
             raise _Problem(f"number {_short(value)} is too large")
         return f
     if _NONFINITE.fullmatch(value):
-        raise _Problem(f"{value} (infinity or not-a-number) is not allowed in a state file")
+        raise _Problem(f"{value} (infinity or not-a-number) is not allowed in {what}")
     return value
 
 
@@ -126,8 +128,9 @@ _S, _M, _Q = "s", "m", "q"
 
 
 class _Builder:
-    def __init__(self, label: str, limits: Limits):
+    def __init__(self, label: str, limits: Limits, what: str = "a state file"):
         self.label = label
+        self.what = what  # "a state file", "an inventory": what the messages call the document
         self.limits = limits
         self.problems: list[tuple[int, int, str]] = []
         self.anchors: dict[str, tuple] = {}
@@ -148,7 +151,7 @@ class _Builder:
         self.nodes += n
         if self.nodes > self.limits.max_nodes:
             raise self.fatal(mark, f"too many nodes: more than {self.limits.max_nodes}{what} "
-                                   f"(the limit of a state file); stopped reading here")
+                                   f"(the limit of {self.what}); stopped reading here")
 
     def build(self, events: Iterable[Any]) -> tuple | None:
         """The document's root node (None when the stream is empty); raises StateFileError."""
@@ -163,7 +166,7 @@ class _Builder:
                 depth += 1
                 if depth > self.limits.max_depth:
                     raise self.fatal(ev.start_mark, f"nested too deep: more than {self.limits.max_depth} levels "
-                                                    f"(the limit of a state file)")
+                                                    f"(the limit of {self.what})")
                 self.count(ev.start_mark, 1)
                 self._no_tag(ev)
                 if ev.anchor is not None:
@@ -181,11 +184,11 @@ class _Builder:
             elif name == "DocumentStartEvent":
                 self.documents += 1
                 if self.documents > 1:
-                    raise self.fatal(ev.start_mark, "a second YAML document starts here: a state file is one "
+                    raise self.fatal(ev.start_mark, f"a second YAML document starts here: {self.what} is one "
                                                     "document (remove the '---' line or split the file)")
                 version = getattr(ev, "version", None)
                 if version is not None and tuple(version) != (1, 2):
-                    raise self.fatal(ev.start_mark, f"%YAML {'.'.join(map(str, version))}: a state file is "
+                    raise self.fatal(ev.start_mark, f"%YAML {'.'.join(map(str, version))}: {self.what} is "
                                                     "read as YAML 1.2; remove the directive")
                 continue
             else:  # stream start/end, document end
@@ -198,7 +201,7 @@ class _Builder:
 
     def _no_tag(self, ev: Any) -> None:
         if ev.tag is not None:
-            self.problem(ev.start_mark, f"tag {_tag_text(ev.tag)!r} is not allowed in a state file "
+            self.problem(ev.start_mark, f"tag {_tag_text(ev.tag)!r} is not allowed in {self.what} "
                                         "(write the value plainly; quote it to make it a string)")
 
     def _scalar(self, ev: Any) -> tuple:
@@ -210,7 +213,7 @@ class _Builder:
             value = None
         elif ev.implicit[0] and not ev.style:
             try:
-                value = resolve_plain(value, self.limits)
+                value = resolve_plain(value, self.limits, self.what)
             except _Problem as exc:
                 self.problem(mark, exc.message)
                 value = None
@@ -231,10 +234,10 @@ class _Builder:
             self.collection_aliases += 1
             if self.collection_aliases > self.limits.max_collection_aliases:
                 raise self.fatal(mark, f"too many aliases to collections: more than "
-                                       f"{self.limits.max_collection_aliases} (the limit of a state file)")
+                                       f"{self.limits.max_collection_aliases} (the limit of {self.what})")
             if depth + target[5] > self.limits.max_depth:
                 raise self.fatal(mark, f"alias *{ev.anchor} nests too deep: more than {self.limits.max_depth} "
-                                       "levels once expanded (the limit of a state file)")
+                                       f"levels once expanded (the limit of {self.what})")
         self.count(mark, target[4], " once aliases are expanded")
         return (*target[:2], mark.line + 1, mark.column + 1, *target[4:6], False, target)
 
@@ -344,7 +347,8 @@ def _parse_error(exc: Exception, label: str) -> StateFileError:
     return StateFileError([f"{label}:{line}:{col}: {problem}"])
 
 
-def parse_yaml(text: str, label: str, limits: Limits = LIMITS) -> tuple[Any, Positions]:
+def parse_yaml(text: str, label: str, limits: Limits = LIMITS,
+               what: str = "a state file") -> tuple[Any, Positions]:
     """The document as plain data and its positions; StateFileError with positions otherwise."""
     from ruamel.yaml.error import YAMLError
 
@@ -355,15 +359,15 @@ def parse_yaml(text: str, label: str, limits: Limits = LIMITS) -> tuple[Any, Pos
     if bad:
         line, col = line_col(text, bad.start())
         raise StateFileError([f"{label}:{line}:{col}: control character U+{ord(bad.group()):04X} is not allowed "
-                              "in YAML (write it as an escape such as \\x00 in a double-quoted string)"])
-    builder = _Builder(label, limits)
+                              f"in {what} (write it as an escape such as \\x00 in a double-quoted string)"])
+    builder = _Builder(label, limits, what)
     try:
         root = builder.build(_events(text, pure=not _have_cparser()))
     except YAMLError:
         # libyaml (the C parser) is a YAML 1.1 scanner: it refuses some YAML 1.2 that ruamel's
         # own parser reads (`[unit:a.service]`: a ':' in a flow scalar), and its messages are not
         # the documented ones. ruamel's parser is the authority: parse again with it.
-        builder = _Builder(label, limits)
+        builder = _Builder(label, limits, what)
         try:
             root = builder.build(_events(text, pure=True))
         except YAMLError as exc:

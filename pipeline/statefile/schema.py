@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ...reconcilers import KINDS
-from ..values import is_unit_name, parse_duration, parse_size, parse_size_or_percent
+from ..values import dotted, is_unit_name, parse_duration, parse_size, parse_size_or_percent
 from .errors import Position
 
 if TYPE_CHECKING:
@@ -128,18 +127,6 @@ FORMAT_HINTS = {
     "unit-name": "invalid systemd unit name {v!r}: expected NAME.service, NAME.timer, NAME@INSTANCE.service, ...",
     "abs-path": "{v!r} is not an absolute path (it must start with /, be shorter than 4096 bytes, hold no NUL)",
 }
-
-
-def dotted(path: Iterable) -> str:
-    parts = []
-    for p in path:
-        if isinstance(p, int):
-            parts.append(f"[{p}]")
-        elif re.fullmatch(r"[A-Za-z0-9_-]+", p):
-            parts.append(("." if parts else "") + p)
-        else:
-            parts.append(("." if parts else "") + json.dumps(p))
-    return "".join(parts)
 
 
 JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",

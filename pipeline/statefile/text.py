@@ -4,7 +4,9 @@ cache holds the file: positions.py (the parser) is imported only when the text i
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 
 from .errors import Position, StateFileError
@@ -44,26 +46,75 @@ def byte_line_col(raw: bytes, index: int) -> Position:
     return line_col(prefix, len(prefix))
 
 
-def check_size(raw: bytes, label: str, limits: Limits = LIMITS) -> None:
+def check_size(raw: bytes, label: str, limits: Limits = LIMITS, what: str = "a state file") -> None:
     if len(raw) > limits.max_bytes:
         line, col = byte_line_col(raw, limits.max_bytes)
         raise StateFileError([f"{label}:{line}:{col}: file too large: more than {limits.max_bytes} bytes "
-                              f"({limits.max_bytes // 2**20} MiB), the limit of a state file; stopped reading here"])
+                              f"({limits.max_bytes // 2**20} MiB), the limit of {what}; stopped reading here"])
 
 
-def read_bounded(path: str, label: str, limits: Limits = LIMITS) -> bytes:
-    """A file's bytes, reading at most one byte past the limit (so /dev/zero or a FIFO that never
-    ends cannot exhaust memory); StateFileError with a position for what cannot be read."""
+_FILE_TYPES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_regular(mode: int) -> str | None:
+    """What a file that is not a regular file is ("a FIFO (named pipe)"), None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return next((name for test, name in _FILE_TYPES if test(mode)), "not a regular file")
+
+
+class NotRegularFile(OSError):
+    """The path names something other than a regular file; `what` says what ("a FIFO (named pipe)")."""
+
+    def __init__(self, what: str):
+        import errno
+
+        super().__init__(errno.EISDIR if what == "a directory" else errno.EINVAL, what)
+        self.what = what
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of `path`, which must be a regular file (NotRegularFile otherwise).
+    Only a regular file is opened: open(2) of a FIFO with no writer blocks for good, and a device
+    may never end, or act on being opened (/dev/watchdog). O_NONBLOCK keeps open(2) from blocking
+    should the name be swapped for a FIFO after the stat; the descriptor is checked again (fstat)."""
+    what = not_regular(os.stat(path).st_mode)
+    if what is None:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        what = not_regular(os.fstat(fd).st_mode)
+        if what is None:
+            return fd
+        os.close(fd)
+    raise NotRegularFile(what)
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file (open_regular's rules)."""
+    with os.fdopen(open_regular(path), "rb") as fh:
+        return fh.read(limit)
+
+
+def read_bounded(path: str, label: str, limits: Limits = LIMITS, what: str = "a state file") -> bytes:
+    """A file's bytes, reading at most one byte past the limit (so a huge file cannot exhaust
+    memory), and only from a regular file (a FIFO or a device is refused before it is opened:
+    reading one could hang or never end); StateFileError with a position for what cannot be read."""
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(limits.max_bytes + 1)
+        raw = read_regular(path, limits.max_bytes + 1)
     except FileNotFoundError:
         raise StateFileError([f"{label}:1:1: no such file"]) from None
-    except IsADirectoryError:
-        raise StateFileError([f"{label}:1:1: is a directory, not a state file"]) from None
+    except NotRegularFile as exc:
+        if exc.what == "a directory":
+            raise StateFileError([f"{label}:1:1: is a directory, not {what}"]) from None
+        hint = " (to read a state from a pipe, give `-` and send it on standard input)" \
+            if what == "a state file" else ""
+        raise StateFileError([f"{label}:1:1: is {exc.what}, not a regular file: {what} is read only from a "
+                              f"regular file{hint}"]) from None
     except OSError as exc:
         raise StateFileError([f"{label}:1:1: cannot read: {exc.strerror or exc}"]) from None
-    check_size(raw, label, limits)
+    check_size(raw, label, limits, what)
     return raw
 
 

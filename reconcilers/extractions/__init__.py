@@ -52,7 +52,7 @@ from ...pipeline.contract import (
     Resource,
     run_action,
 )
-from ...pipeline.values import format_duration, parse_duration
+from ...pipeline.values import dotted, format_duration, never_answers, parse_duration
 from . import tally
 from .job import START_TIMEOUT, JobObserved, observe_jobs, start_command
 from .listing import QUARANTINE, Listing, leaf_form, list_tree
@@ -134,6 +134,15 @@ class ExtractionsReconciler(Reconciler):
 
     def observe_deadline(self, resources: Sequence[Resource]) -> float | None:
         return max(float(r.spec["observe_timeout"]) for r in resources)
+
+    def problems(self, section: Any) -> list[tuple[tuple, str]]:
+        out = never_answers((((name,), spec) for name, spec in section.items()), "observe_timeout")
+        for name, spec in section.items():
+            total, min_done = spec.get("total"), spec.get("min_done")
+            if isinstance(total, int) and isinstance(min_done, int) and min_done > total:
+                out.append(((name, "min_done"), f"{dotted((name, 'min_done'))}: {min_done} can never be done: "
+                                                 f"there are only {total} samples (total)"))
+        return sorted(out)
 
     def resources(self, section: dict[str, Any]) -> list[Resource]:
         out = []

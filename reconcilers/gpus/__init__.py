@@ -39,7 +39,7 @@ from ...pipeline.contract import (
     Resource,
     run_action,
 )
-from ...pipeline.values import parse_duration, parse_size
+from ...pipeline.values import never_answers, parse_duration, parse_size
 from ..containers.refs import containers_of
 from . import health
 from .checks import check_blocked, check_drift, parse_checks
@@ -152,7 +152,7 @@ class GpusReconciler(Reconciler):
                          needs=tuple(section.get("needs", ())), settle=settle)]
 
     def problems(self, section: Mapping[str, Any]) -> list[tuple[tuple, str]]:
-        return _settings_problems(section)
+        return never_answers([((), section)], "observe_timeout") + _settings_problems(section)
 
     # --- observe ---
 

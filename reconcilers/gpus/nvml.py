@@ -146,7 +146,7 @@ def _read_gpu(nv: Any, i: int, uses: dict[int, list[GpuUse]], settings: Collecti
         down = tuple(link for link, s in enumerate(states) if s is not None and not s)
     reasons = _clock_events(nv, h, q)
     power = q("power", nv.nvmlDeviceGetPowerUsage, h)
-    temp = q("temperature", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+    temp = _temperature(nv, h, q)
     ecc_unc = q("uncorrected ECC errors", nv.nvmlDeviceGetTotalEccErrors, h,
                 nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
     ecc_cor = q("corrected ECC errors", nv.nvmlDeviceGetTotalEccErrors, h,
@@ -193,6 +193,22 @@ def _memory(nv: Any, h: Any, q: Callable) -> Any:
         return None  # unified memory (GB10, Grace): v1 says the same
     except nv.NVMLError:
         return q("memory", nv.nvmlDeviceGetMemoryInfo, h)  # the error, or v1's answer
+
+
+def _temperature(nv: Any, h: Any, q: Callable) -> int | None:
+    """The GPU's temperature (C) through nvmlDeviceGetTemperatureV (nvml.h's versioned
+    nvmlTemperature_v1_t; pynvml marks nvmlDeviceGetTemperature "DEPRECATED ... will be removed
+    in CUDA 14.0"); the old call only where the driver lacks the new one (FunctionNotFound) or
+    this pynvml does (nvidia-ml-py before the wrapper existed)."""
+    fn = getattr(nv, "nvmlDeviceGetTemperatureV", None)
+    if fn is not None:
+        try:
+            return fn(h, nv.NVML_TEMPERATURE_GPU)
+        except (nv.NVMLError_FunctionNotFound, nv.NVMLError_ArgumentVersionMismatch):
+            pass  # a driver without the call (or without its v1 struct): the old call answers
+        except nv.NVMLError:
+            return q("temperature", fn, h, nv.NVML_TEMPERATURE_GPU)  # the error (or lost), kept as q keeps it
+    return q("temperature", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
 
 
 def _fields(nv: Any, h: Any, q: Callable) -> tuple[int | None, int | None]:

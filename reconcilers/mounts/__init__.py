@@ -37,11 +37,11 @@ from ...pipeline.contract import (
     Resource,
     run_action,
 )
-from ...pipeline.values import format_bytes, format_duration, parse_duration, parse_size_or_percent
+from ...pipeline.values import format_bytes, format_duration, never_answers, parse_duration, parse_size_or_percent
 from .observed import MountInfo, MountObserved, ResolvedSource, observed_from
 from .options import holds, tmpfs_shown
 from .probe import PROBE_PREFIX, probe_mount
-from .tables import norm_path
+from .tables import norm_path, unescape
 
 if TYPE_CHECKING:
     from ...machines.host import Host
@@ -118,6 +118,18 @@ def _want_free(rule: tuple[str, float], total: int) -> int:
     return math.ceil(total * value / 100) if kind == "percent" else int(value)
 
 
+# Filesystems whose statfs reports 0 blocks when they have no size limit: tmpfs mounted with
+# size=0 (mm/shmem.c shmem_statfs fills f_blocks only `if (sbinfo->max_blocks)`), and ramfs
+# (simple_statfs: never a size). Such a filesystem is not full: it grows until memory runs out.
+_UNLIMITED_WHEN_0_BLOCKS = frozenset({"tmpfs", "ramfs"})
+
+
+def unlimited(observed: MountObserved) -> bool:
+    """Whether the mounted filesystem has no size limit (statfs: 0 blocks on tmpfs size=0, ramfs)."""
+    s, m = observed.space, observed.mount
+    return bool(s and m and s.total_bytes == 0 and m.fstype in _UNLIMITED_WHEN_0_BLOCKS)
+
+
 def _pct(part: int, total: int) -> str:
     return f"{100 * part / total:.1f}%" if total else "n/a"
 
@@ -152,7 +164,10 @@ class MountsReconciler(Reconciler):
             spec["path"] = norm_path(name)
             spec.setdefault("mounted", True)
             if "options" in spec:
-                spec["options"] = tuple(spec["options"])
+                # The kernel's escaped form (`lowerdir=/a\040b`, as /proc/self/mountinfo shows it)
+                # and the plain one (`lowerdir=/a b`) mean the same option: compared, and passed
+                # to mount -o, decoded.
+                spec["options"] = tuple(unescape(o) for o in spec["options"])
             if "min_free" in spec:
                 spec["min_free"] = parse_size_or_percent(spec["min_free"])
             if "min_free_inodes" in spec:
@@ -161,6 +176,9 @@ class MountsReconciler(Reconciler):
             out.append(Resource(id=f"mount:{name}", kind=self.kind, name=name, spec=spec,
                                 needs=tuple(raw.get("needs", ()))))
         return out
+
+    def problems(self, section: Any) -> list[tuple[tuple, str]]:
+        return never_answers((((name,), spec) for name, spec in section.items()), "probe_timeout")
 
     # --- observe ------------------------------------------------------------------------
 
@@ -232,9 +250,14 @@ class MountsReconciler(Reconciler):
         if _missing_options(spec, observed):
             drift.append(Drift("options", ",".join(want_opts), ",".join(m.all_options)))
         space = observed.space
-        if space and spec.get("min_free"):
+        if space and spec.get("min_free") and not unlimited(observed):
             want = _want_free(spec["min_free"], space.total_bytes)
-            if space.free_bytes < want:
+            if space.total_bytes == 0:
+                # statfs gave no size at all (a FUSE filesystem without statfs, a pseudo filesystem):
+                # free space is unknown, not zero.
+                drift.append(Drift("min_free", "≥ " + _rule_text(spec["min_free"], want, "bytes"),
+                                   "unknown (statfs reports no size: 0 blocks)"))
+            elif space.free_bytes < want:
                 have = (f"{format_bytes(space.free_bytes)} free ({_pct(space.free_bytes, space.total_bytes)} "
                         f"of {format_bytes(space.total_bytes)})")
                 drift.append(Drift("min_free", "≥ " + _rule_text(spec["min_free"], want, "bytes"), have))
@@ -282,7 +305,10 @@ class MountsReconciler(Reconciler):
                            f"{', '.join(_explain_option(o, observed) for o in missing)}: remount by hand "
                            f"(mount -o remount,{','.join(missing)} {path}) and fix /etc/fstab{hint}")
         space = observed.space
-        if "min_free" in fields and space:
+        if "min_free" in fields and space and space.total_bytes == 0:
+            blocked.append(f"{path} ({m.fstype}) reports no size (statfs: 0 blocks), so its free space cannot be "
+                           f"judged against min_free; remove min_free for it, or check it by other means")
+        elif "min_free" in fields and space:
             want = _want_free(spec["min_free"], space.total_bytes)
             blocked.append(f"{path} has {format_bytes(space.free_bytes)} free, wants "
                            f"{_rule_text(spec['min_free'], want, 'bytes')}: free at least "
@@ -383,7 +409,9 @@ class MountsReconciler(Reconciler):
         if observed.hidden:
             parts.append(f"{len(observed.hidden)} more mount{'s' if len(observed.hidden) > 1 else ''} underneath")
         s = observed.space
-        if s and s.total_bytes:
+        if unlimited(observed):
+            parts.append(f"no size limit ({m.fstype}: bounded only by memory)")
+        elif s and s.total_bytes:
             parts.append(f"{format_bytes(s.free_bytes)} free of {format_bytes(s.total_bytes)} "
                          f"({_pct(s.free_bytes, s.total_bytes)})")
         parts.append("ro" if m.read_only else "rw" + (", write probe ok" if observed.writable else ""))

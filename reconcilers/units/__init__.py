@@ -48,6 +48,7 @@ from ...pipeline.contract import (
     Resource,
     run_action,
 )
+from ...pipeline.values import dotted
 from .syntax import name_kind, systemd_refuses
 from .systemctl import (
     GLOB_CHARS,
@@ -91,6 +92,19 @@ class UnitsReconciler(Reconciler):
                      needs=tuple(spec.get("needs", ())))
             for name, spec in section.items()
         ]
+
+    def problems(self, section: Any) -> list[tuple[tuple, str]]:
+        out = []
+        for name, spec in section.items():
+            # A template is no unit that can run: systemd refuses to start one ("Unit name
+            # foo@.service is missing the instance name", unit-name.c unit_name_is_template).
+            # Enabling one can hold (through DefaultInstance=), and so can masking it.
+            if isinstance(spec, dict) and spec.get("active") is True and name_kind(name) == "template":
+                stem, _, suffix = name.rpartition(".")
+                out.append(((name, "active"), f"{dotted((name, 'active'))}: a template cannot be active (systemd "
+                                              f"starts only its instances); declare an instance such as "
+                                              f"{stem}NAME.{suffix}"))
+        return out
 
     def observe(self, host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
         if not resources:
@@ -304,6 +318,15 @@ class UnitsReconciler(Reconciler):
                 why = f" ({observed.unit_file_error})" if observed.unit_file_error else ""
                 blocked.append(f"{name} is bad: systemd cannot read its unit file{why}, so systemctl "
                                f"{'enable' if want_enabled else 'disable'} would fail; fix the unit file")
+            elif want_enabled is True and observed.unit_file_state == "":
+                # A unit systemd made from the running system (a mount unit from the mount table,
+                # a device, a scope) has no unit file to enable: UnitFileState is empty, and
+                # `systemctl enable` refuses ("Unit file NAME does not exist").
+                made = " (systemd made it from the mount table)" if name.endswith((".mount", ".swap")) else ""
+                fix = ("add an /etc/fstab entry (systemd-fstab-generator makes a unit of it) or write a unit file"
+                       if made else "write a unit file with an [Install] section")
+                blocked.append(f"{name} has no unit file{made}, so it cannot be enabled (systemctl enable would "
+                               f"fail: Unit file {name} does not exist); to have it at boot, {fix}")
             elif have_enabled in UNCHANGEABLE or isinstance(have_enabled, str):
                 blocked.append(
                     f"{name} is {have_enabled}: it has no [Install] section of its own and cannot be "

@@ -48,8 +48,9 @@
  * config at every init, so what one process set the next one reads; each setter
  * call is appended to $FAKE_NVML_CONFIG.calls.
  *
- * Build with -DFAKE_OLD_DRIVER to leave out the _v3 process queries and
- * nvmlDeviceGetMemoryInfo_v2 (drivers < 510): pynvml then raises FunctionNotFound.
+ * Build with -DFAKE_OLD_DRIVER to leave out the _v3 process queries,
+ * nvmlDeviceGetMemoryInfo_v2 and nvmlDeviceGetTemperatureV (drivers < 510), or with
+ * -DFAKE_NO_TEMPERATURE_V to leave out only the last: pynvml then raises FunctionNotFound.
  */
 #include <ctype.h>
 #include <dirent.h>

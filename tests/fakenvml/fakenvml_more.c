@@ -4,6 +4,28 @@
 
 #include "fakenvml.h"
 
+/* nvmlDeviceGetTemperatureV (nvml.h: nvmlTemperature_v1_t {version, sensorType, temperature},
+ * nvmlTemperature_v1 = NVML_STRUCT_VERSION(Temperature, 1) = sizeof | 1 << 24), the call that
+ * replaces the deprecated nvmlDeviceGetTemperature (pynvml: "will be removed in CUDA 14.0").
+ * Its own call name `temp_v` for fail=/error_on= (so a test can tell which call answered);
+ * `unsupported=temp` covers both, as the sensor is one. Left out with -DFAKE_NO_TEMPERATURE_V
+ * or -DFAKE_OLD_DRIVER (a driver before the call existed: pynvml raises FunctionNotFound). */
+#if !defined(FAKE_NO_TEMPERATURE_V) && !defined(FAKE_OLD_DRIVER)
+typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_v1_t;
+#define NVML_TEMPERATURE_V1 ((unsigned)(sizeof(nvmlTemperature_v1_t) | (1u << 24)))
+
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t dev, nvmlTemperature_v1_t *t) {
+    fake_gpu *g = as_gpu(dev);
+    CHECK(g, "temp_v");
+    if (!t) return NVML_ERROR_INVALID_ARGUMENT;
+    if (t->version != NVML_TEMPERATURE_V1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (t->sensorType != 0) return NVML_ERROR_INVALID_ARGUMENT; /* NVML_TEMPERATURE_GPU is the only sensor */
+    if (unsupported(g, "temp")) return NVML_ERROR_NOT_SUPPORTED;
+    t->temperature = (int)g->temp;
+    return NVML_SUCCESS;
+}
+#endif
+
 /* Field values: 230 recovery action, 91 NVLink link count, 1/2 ECC mode current/pending; others NOT_SUPPORTED per field. */
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t *values) {
     fake_gpu *g = as_gpu(dev);
