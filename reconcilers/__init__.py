@@ -25,6 +25,7 @@ class Kind(NamedTuple):
 
 KINDS: dict[str, Kind] = {
     "units": Kind("unit", ".units:UnitsReconciler"),
+    "containers": Kind("container", ".containers:ContainersReconciler"),
     "gpus": Kind("gpus", ".gpus:GpusReconciler", singleton=True),
     "mounts": Kind("mount", ".mounts:MountsReconciler", name_word="PATH"),
     "extractions": Kind("extraction", ".extractions:ExtractionsReconciler"),

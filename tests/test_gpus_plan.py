@@ -62,7 +62,8 @@ def test_resources_normalise_sizes_and_durations():
     assert r.spec["max_memory_used"] == 0 and r.spec["free_with"]["grace"] == 10.0
     assert r.spec["allow"] == ("unit:eagle3-extract.service",)
     d = resource(count=1)
-    assert d.spec["healthy"] is True and d.spec["free_with"] == {"stop_units": False, "kill": (), "grace": 10.0}
+    assert d.spec["healthy"] is True and d.spec["free_with"] == {"stop_units": False, "stop_containers": False,
+                                                                 "kill": (), "grace": 10.0}
     assert d.settle == 30.0 and d.spec["max_memory_used"] is None
 
 

@@ -20,8 +20,11 @@ BASE = {
     "version": 1,
     "host": {"name": "*", "machine_id": "0123456789abcdef0123456789abcdef"},  # the string form: its edge values
     "units": {"a.service": {"active": False, "enabled": False, "needs": ["mount:/data"]}},
+    "containers": {"vllm": {"engine": "docker", "running": False, "restart": "no", "image": "vllm/vllm-openai:v0.6",
+                            "stop_timeout": "30s", "unit": "vllm-container.service", "needs": ["unit:a.service"],
+                            "compose": {"project": "serve", "service": "vllm"}}},
     "gpus": {"count": 0, "max_memory_used": "1GiB", "allow": ["unit:a.service"], "healthy": True,
-             "free_with": {"stop_units": True, "kill": ["python*"], "grace": "10s"},
+             "free_with": {"stop_units": True, "stop_containers": True, "kill": ["python*"], "grace": "10s"},
              "observe_timeout": "60s", "settle": "5s", "needs": ["unit:a.service"],
              "checks": {"driver": ">=590", "cuda": ">=12.8", "max_temperature": 85, "no_slowdown": True,
                         "pcie": {"min_gen": "max", "min_width": 16}, "max_nvlink_down": 0, "max_ecc_corrected": 0,

@@ -40,6 +40,7 @@ from ...pipeline.contract import (
     run_action,
 )
 from ...pipeline.values import never_answers, parse_duration, parse_size
+from ..containers.refs import containers_of
 from . import health
 from .checks import check_blocked, check_drift, parse_checks
 from .kernel_log import read_kernel_log
@@ -138,6 +139,7 @@ class GpusReconciler(Reconciler):
             "healthy": section.get("healthy", True),
             "free_with": {
                 "stop_units": bool(free.get("stop_units", False)),
+                "stop_containers": bool(free.get("stop_containers", False)),
                 "kill": tuple(free.get("kill", ())),
                 "grace": parse_duration(free.get("grace", DEFAULT_GRACE)),
             },
@@ -178,7 +180,7 @@ class GpusReconciler(Reconciler):
                 source = "nvidia-smi"
                 driver, cuda, gpus, uses = self._smi_observe(host, nvml_error, checks, settings)
                 notes.append(f"NVML unavailable ({nvml_error}): read through nvidia-smi")
-            holders = self._holders(uses, gpus)
+            holders = self._holders(host, uses, gpus)
         except BaseException:
             kernel_log.join()  # the GPUs could not be read: the log is not needed, its reader is waited for
             raise
@@ -271,7 +273,7 @@ class GpusReconciler(Reconciler):
                 cuda = parse_cuda_version(table.stdout) if table.ok else None
         return driver or "?", cuda, gpus, uses
 
-    def _holders(self, uses: Mapping[int, list[GpuUse]], gpus: Sequence[Gpu]) -> list[Holder]:
+    def _holders(self, host: Host, uses: Mapping[int, list[GpuUse]], gpus: Sequence[Gpu]) -> list[Holder]:
         # /dev/nvidiaN is the driver's minor number N, not NVML's index N (8x RTX 4090 hosts have
         # minors 3,2,1,0,7,6,5,4 by index). A GPU whose minor is unknown maps no device file.
         by_minor = {g.minor: g.index for g in gpus if g.minor is not None}
@@ -300,7 +302,10 @@ class GpusReconciler(Reconciler):
                 uses=tuple(sorted(pid_uses, key=lambda u: (u.gpu, u.gpu_instance or 0))),
                 device_files=devices.get(pid, ()), visible=info is not None,
             ))
-        return holders
+        # A holder in a container is freed through its engine (or the unit that runs it), never
+        # signalled: the engine would start it again (its restart policy).
+        inside = containers_of(host, [h.pid for h in holders if h.visible])
+        return [replace(h, container=inside[h.pid]) if h.pid in inside else h for h in holders]
 
     # --- diff / plan ---
 
@@ -393,6 +398,12 @@ class GpusReconciler(Reconciler):
             return f"stopped {unit}"
         if action.action == "terminate":
             return self._terminate(host, action.params)
+        if action.action == "stop-container":
+            engine = action.params.get("engine")
+            if engine not in ("docker", "podman"):
+                raise ApplyError(f"unknown container engine {engine!r}")
+            run_action(host, [engine, "stop", "--", action.params["id"]], STOP_TIMEOUT)
+            return f"stopped container {action.target} through {engine}"
         raise ApplyError(f"unknown gpus action {action.action!r}")
 
     @staticmethod

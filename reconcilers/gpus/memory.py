@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ...pipeline.contract import Action, Context
@@ -24,6 +25,10 @@ def allowed(holder: Holder, allow: Sequence[str]) -> bool:
     for entry in allow:
         if entry.startswith("unit:"):
             if holder.unit and fnmatch.fnmatchcase(holder.unit, entry[5:]):
+                return True
+        elif entry.startswith("container:"):
+            c = holder.container
+            if c is not None and c.name and fnmatch.fnmatchcase(c.name, entry[10:]):
                 return True
         elif holder.visible and any(n and fnmatch.fnmatchcase(n, entry) for n in (holder.name, holder.exe)):
             return True
@@ -113,17 +118,25 @@ def memory_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[str
         if hit:
             suspects.append((h, sorted(set(hit))))
     seen_units: set[str] = set()
+    seen_containers: set[str] = set()
     for h, hit in suspects:
         what = f"{h.label()} {holding(h, hit)}"
-        if not h.visible:
+        if h.container is not None and not h.container.unit and h.container.id in seen_containers:
+            continue
+        if h.container is not None and not h.container.unit:
+            seen_containers.add(h.container.id)
+            _container_plan(h, what, free, ctx, actions, notes, blocked)
+        elif not h.visible:
             blocked.append(f"pid {h.pid} {holding(h, hit)} is not visible from here (another PID "
                            "namespace or container?): free it where it runs")
         elif h.pid <= 1 or h.pid == os.getpid():
             blocked.append(f"{what}: PID 1 and reconcile itself are never signalled")
-        elif h.unit and free.get("stop_units"):
-            if h.unit in seen_units:
+        elif (h.unit or (h.container and h.container.unit)) and free.get("stop_units"):
+            unit = h.container.unit if h.container and h.container.unit else h.unit
+            if unit in seen_units:
                 continue
-            seen_units.add(h.unit)
+            seen_units.add(unit)
+            h = replace(h, unit=unit)  # a container a unit runs is freed through the unit
             declared = ctx.resources.get(f"unit:{h.unit}")
             if declared is not None and declared.spec.get("active") is False:
                 notes.append(f"{what}: freed by unit:{h.unit} (declared active: false, acted on first)")
@@ -132,6 +145,9 @@ def memory_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[str
                                f"unit:{h.unit} to gpus.allow or declare it active: false")
             else:
                 actions.append(Action("stop", h.unit, f"stop unit {h.unit} ({what})", {"unit": h.unit}))
+        elif h.container is not None:
+            blocked.append(f"{what}, run by {h.container.unit}, is not in gpus.allow and stop_units is off: "
+                           "nothing was signalled (a container's processes never are)")
         elif _killable(h, free.get("kill", ())):
             verb = f"terminate {h.pid} ({h.name}) {holding(h, hit)}"
             if h.unit:
@@ -155,6 +171,33 @@ def memory_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[str
                        "(no holder of a device file is signalled)")
             blocked.append(f"GPU {g.index}: {mib(unexplained[g.index])} held by no process visible here ({why})")
     return actions, notes, blocked
+
+
+def _container_plan(h: Holder, what: str, free: Mapping[str, Any], ctx: Context, actions: list[Action],
+                    notes: list[str], blocked: list[str]) -> None:
+    """A holder in a container no unit runs: the container is stopped through its engine, never its
+    processes signalled (the engine restarts them) nor its scope unit stopped (the same)."""
+    c = h.container
+    assert c is not None
+    if not c.name:
+        blocked.append(f"{what}: its engine cannot be asked about it, so it is not stopped: nothing was signalled")
+        return
+    declared = ctx.resources.get(f"container:{c.name}")
+    when = "when dockerd restarts" if c.engine == "docker" else "at boot (podman-restart.service)"
+    back = {"always": f"; its policy (always) starts it again {when}: declare containers: "
+                      f"{c.name}: {{running: false, restart: \"no\"}}",
+            "unless-stopped": "", "no": ""}.get(c.restart, f"; its policy is {c.restart}")
+    if declared is not None and declared.spec.get("running") is False:
+        notes.append(f"{what}: freed by container:{c.name} (declared running: false, acted on first)")
+    elif declared is not None:
+        blocked.append(f"{what}: the state declares container:{c.name} running: add container:{c.name} to "
+                       "gpus.allow or declare it running: false")
+    elif free.get("stop_containers"):
+        actions.append(Action("stop-container", c.name, f"stop container {c.name} through {c.engine} ({what}){back}",
+                              {"engine": c.engine, "id": c.id, "name": c.name}))
+    else:
+        blocked.append(f"{what} is not in gpus.allow and stop_containers is off: nothing was stopped or "
+                       f"signalled (a container's processes never are){back}")
 
 
 def memory_lines(observed: GpusObserved, spec: Mapping[str, Any]) -> list[str]:

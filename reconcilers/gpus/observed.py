@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..containers.observed import ContainerRef
+
 MIB = 2**20
 
 
@@ -134,9 +136,12 @@ class Holder:
     uses: tuple[GpuUse, ...] = ()
     device_files: tuple[str, ...] = ()
     visible: bool = True  # False: NVML names a PID this /proc does not show (another PID namespace)
+    # The container it runs in (/proc/PID/cgroup), with what its engine says of it; None: none.
+    container: ContainerRef | None = None
 
     def label(self) -> str:
-        return f"{self.pid} ({self.name or '?'})"
+        where = f" in {self.container.label()}" if self.container is not None else ""
+        return f"{self.pid} ({self.name or '?'}){where}"
 
 
 @dataclass(frozen=True)

@@ -485,9 +485,14 @@ def freed_pids(holders: Sequence[Holder], actions: Sequence[Action], ctx: Contex
     `active: false` (the units kind acts on them first)."""
     stopped = {a.params.get("unit") or a.target for a in actions if a.action == "stop"}
     killed = {int(a.params["pid"]) for a in actions if a.action == "terminate" and "pid" in a.params}
+    containers = {a.params.get("id") for a in actions if a.action == "stop-container"}
     out = set()
     for h in holders:
         declared = ctx.resources.get(f"unit:{h.unit}") if h.unit else None
         if h.pid in killed or (h.unit and (h.unit in stopped or (declared and declared.spec.get("active") is False))):
+            out.add(h.pid)
+        c = h.container
+        if c is not None and (c.id in containers or c.unit in stopped or (
+                c.name and getattr(ctx.resources.get(f"container:{c.name}"), "spec", {}).get("running") is False)):
             out.add(h.pid)
     return out
