@@ -259,6 +259,26 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     sys.exit(report.exit_code)
 
 
+@main.command("log")
+@click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
+              help="Journal file, as for apply (its rotated files journal.jsonl.1, .2 ... are read too).")
+@click.option("--since", metavar="2h|TIME", help="Only from then: a duration back from now, or a time (UTC).")
+@click.option("--until", metavar="2h|TIME", help="Only until then.")
+@click.option("--resource", metavar="ID", help="Only this resource's actions (e.g. unit:vllm.service).")
+@click.option("--run", "run_id", metavar="ID", help="Only this apply run (its id, or the start of it).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-v", "--verbose", is_flag=True, help="Every observed change, not only the first few.")
+def log_command(journal_path: str | None, since: str | None, until: str | None, resource: str | None,
+                run_id: str | None, fmt: str, verbose: bool) -> None:
+    """Show the journal as a timeline: apply runs and their actions, watch passes, Slurm health runs.
+
+    An action whose intent was recorded but not its result (the run was killed while it ran) is
+    shown as one that may or may not have happened."""
+    from .commands import run_log
+
+    sys.exit(run_log(journal_path, since, until, resource, run_id, fmt, verbose))
+
+
 @main.command("version")
 @click.option("--json", "as_json", is_flag=True, help="As JSON (the handshake of --host and --via).")
 def version_command(as_json: bool) -> None:

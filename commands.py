@@ -222,3 +222,70 @@ def diff_without_click(args: dict[str, Any]) -> None:
             raise
         echo_err(internal_error(exc))
         sys.exit(EXIT_ERROR)
+
+
+def parse_when(value: str | None, flag: str, now: float) -> float | None:
+    """--since/--until: a duration back from now (`2h`, `30m`) or a time (`2026-12-01T09:00:00Z`,
+    `2026-12-01 09:00`, read as UTC unless it names its offset)."""
+    if value is None:
+        return None
+    from datetime import datetime, timezone
+
+    from .pipeline.values import parse_duration
+
+    try:
+        return now - parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        fail(f"{flag} {value!r}: give a duration back from now (2h, 30m, 7d) or a time (2026-12-01T09:00:00Z)")
+        raise AssertionError from None  # unreachable
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def run_log(journal_path: str | None, since: str | None, until: str | None, resource: str | None,
+            run: str | None, fmt: str, verbose: bool = False) -> int:
+    """`reconcile log`: the journal (and its rotated files) as a timeline, newest lines read first
+    so that --since stops early. A `| head` that closes the pipe ends it quietly."""
+    import json
+    import time
+
+    from .pipeline.journal import Journal
+    from .pipeline.journal_read import Skipped, parse_time, read_newest_first, rotated_files
+    from .views import log as logview
+    from .views.text import Style
+
+    now = time.time()
+    start, end = parse_when(since, "--since", now), parse_when(until, "--until", now)
+    path = Journal.at(journal_path).path
+    skipped = Skipped()
+    try:
+        if not any(p.exists() for p in rotated_files(path)):
+            echo_err(f"reconcile: warning: no journal at {path} (nothing applied here yet?)")
+        picked = []
+        for e in read_newest_first(path, since=start, skipped=skipped):
+            t = parse_time(e.get("time"))
+            if t is not None and ((start is not None and t < start) or (end is not None and t > end)):
+                continue
+            picked.append(e)
+    except OSError as exc:
+        fail(f"cannot read the journal {getattr(exc, 'filename', None) or path}: {exc.strerror or exc}")
+    warnings = skipped.warnings()
+    for w in warnings:
+        echo_err(f"reconcile: warning: {w}")
+    events = logview.timeline(picked, resource=resource, run=run)
+    try:
+        if fmt == "json":
+            sys.stdout.write(json.dumps(logview.render_json(events, str(path), warnings), indent=2) + "\n")
+        else:
+            logview.render_text(events, sys.stdout, Style(sys.stdout), verbose=verbose)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing more to say, and no traceback at exit either
+        # (Python's documented recipe: point stdout at /dev/null before the final flush).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    return EXIT_OK
