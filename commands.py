@@ -266,9 +266,10 @@ def run_log(journal_path: str | None, since: str | None, until: str | None, reso
             echo_err(f"reconcile: warning: no journal at {path} (nothing applied here yet?)")
         picked = []
         for e in read_newest_first(path, since=start, skipped=skipped):
-            t = parse_time(e.get("time"))
-            if t is not None and ((start is not None and t < start) or (end is not None and t > end)):
-                continue
+            if start is not None or end is not None:
+                t = parse_time(e.get("time"))
+                if t is not None and ((start is not None and t < start) or (end is not None and t > end)):
+                    continue
             picked.append(e)
     except OSError as exc:
         fail(f"cannot read the journal {getattr(exc, 'filename', None) or path}: {exc.strerror or exc}")

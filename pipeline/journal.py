@@ -141,21 +141,18 @@ class Journal:
         """journal.jsonl.N-1 -> .N, ..., journal.jsonl -> .1 (the oldest beyond `keep` removed),
         under the flock of the current file: a writer waiting for it finds the name moved and
         opens the new file. Returns the new file, open and locked."""
-        keep = self.rotation.keep
+        keep = max(1, self.rotation.keep)  # the file just closed is always kept
         names = [self.path.with_name(f"{self.path.name}.{n}") for n in range(1, keep + 1)]
-        if keep < 1:
-            os.unlink(self.path)
-        else:
+        try:
+            os.unlink(names[-1])
+        except FileNotFoundError:
+            pass
+        for older, newer in zip(reversed(names[1:]), reversed(names[:-1]), strict=True):
             try:
-                os.unlink(names[-1])
+                os.rename(newer, older)
             except FileNotFoundError:
                 pass
-            for older, newer in zip(reversed(names[1:]), reversed(names[:-1]), strict=True):
-                try:
-                    os.rename(newer, older)
-                except FileNotFoundError:
-                    pass
-            os.rename(self.path, names[0])
+        os.rename(self.path, names[0])
         os.close(fd)
         self._opened = True  # the old file's last line was checked (or is old news); the new one is empty
         return self._open_locked()
