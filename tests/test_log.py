@@ -19,6 +19,7 @@ from pathlib import Path
 from cli_support import NsCli, cli_env, reconcile_argv, run_cli, service
 from reconcile_host.pipeline.journal import MAX_LIST_ITEMS, Journal, Rotation
 from reconcile_host.pipeline.journal_read import read_newest_first, rotated_files
+from ssh_support import sshd  # noqa: F401  (the fixture)
 
 UNITS = ("lg-a.service", "lg-b.service")
 STATE = "version: 1\nunits:\n" + "".join(f"  {u}:\n    active: false\n    enabled: false\n" for u in UNITS)
@@ -244,3 +245,48 @@ def test_bad_since_and_unreadable_journal_are_one_line(tmp_path):
     unreadable = run_cli(tmp_path, "log", "--journal", str(journal))
     assert unreadable.returncode == 1 and unreadable.stderr.startswith("reconcile: error: cannot read the journal")
     assert "Traceback" not in unreadable.stderr
+
+
+def _remote_command(tmp: Path) -> str:
+    """The target's reconcile: this interpreter (ssh passes no environment)."""
+    import sys
+
+    return f"env RECONCILE_CACHE_DIR={tmp / 'remote-cache'} {sys.executable} -m reconcile_host"
+
+
+def test_a_remote_journal_over_ssh_and_an_inventory_with_an_unreachable_host(sshd, tmp_path):  # noqa: F811
+    journal = _big_journal(tmp_path, 5)
+    local = log_json(tmp_path, journal)
+    proc = run_cli(tmp_path, "log", "--journal", str(journal), "--format", "json", "--host", sshd.address,
+                   *sshd.ssh_option_args(), "--remote-command", _remote_command(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    there = json.loads(proc.stdout)
+    assert there["events"] == local["events"] and there["host"].startswith("root@127.0.0.1")
+    text = run_cli(tmp_path, "log", "--journal", str(journal), "--host", sshd.address, *sshd.ssh_option_args(),
+                   "--remote-command", _remote_command(tmp_path))
+    assert text.returncode == 0 and text.stdout == run_cli(tmp_path, "log", "--journal", str(journal)).stdout
+
+    from ssh_support import free_port
+
+    inventory = tmp_path / "hosts.yaml"
+    opts = "".join(f"\n      - {json.dumps(o)}" for o in sshd.client_options)
+    inventory.write_text(f"""version: 1
+defaults:
+  remote_command: {json.dumps(_remote_command(tmp_path))}
+  connect_timeout: 5s
+  ssh_options:{opts}
+hosts:
+  here:
+    address: {sshd.address}
+    state: s.yaml
+    journal: {journal}
+  gone:
+    address: ssh://root@127.0.0.1:{free_port()}
+    state: s.yaml
+""")
+    both = run_cli(tmp_path, "log", "--inventory", str(inventory), "--format", "json")
+    assert both.returncode == 1, both.stderr
+    hosts = {h["name"]: h for h in json.loads(both.stdout)["hosts"]}
+    assert hosts["here"]["events"] == local["events"]
+    assert hosts["gone"]["error"].startswith("cannot reach root@127.0.0.1")
+    assert "reconcile: error: gone: cannot reach" in both.stderr
