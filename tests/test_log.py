@@ -290,3 +290,35 @@ hosts:
     assert hosts["here"]["events"] == local["events"]
     assert hosts["gone"]["error"].startswith("cannot reach root@127.0.0.1")
     assert "reconcile: error: gone: cannot reach" in both.stderr
+
+
+def test_watch_passes_and_slurm_health_runs_in_the_timeline(nsystemd, tmp_path):
+    for u in UNITS:
+        nsystemd.write_unit(u, service(u))
+    nsystemd.systemctl("enable", "--now", *UNITS, check=True)
+    journal = tmp_path / "journal.jsonl"
+    state = tmp_path / "s.yaml"
+    state.write_text(STATE)
+    watch = nsystemd.popen(reconcile_argv("watch", str(state), "--interval", "1h", "--journal", str(journal)),
+                           env=cli_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not any(e["event"] == "watch-pass" for e in _lines_if_any(journal)):
+            assert time.monotonic() < deadline and watch.poll() is None, "no watch pass was journaled"
+            time.sleep(0.05)
+    finally:
+        os.killpg(watch.pid, 15)
+        watch.wait(timeout=60)
+    # slurm-health's own line (scontrol stands aside: /bin/true knows no node, which it records).
+    health = nsystemd.run(reconcile_argv("slurm-health", str(state), "--node", "n1", "--scontrol", "/bin/true",
+                                         "--journal", str(journal)), env=cli_env(tmp_path))
+    assert "Traceback" not in health.stderr + health.stdout
+    lines = file_lines(journal)
+    doc = log_json(tmp_path, journal)
+    kinds = [e["event"] for e in doc["events"]]
+    assert kinds == ["run", "watch-pass", "slurm-health"], kinds
+    passed = next(e for e in lines if e["event"] == "watch-pass")
+    assert doc["events"][1] == passed and doc["events"][2] == next(e for e in lines if e["event"] == "slurm-health")
+    text = run_cli(tmp_path, "log", "--journal", str(journal)).stdout.splitlines()
+    assert f"watch pass {passed['pass']}" in text[-2] and f"{passed['actions_done']} done" in text[-2]
+    assert "slurm-health node n1" in text[-1] and f"exit {lines[-1]['exit_code']}" in text[-1]
