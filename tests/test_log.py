@@ -345,3 +345,32 @@ def test_writers_rotating_at_once_lose_no_line(tmp_path):
     assert len([p for p in rotated_files(path) if p.exists()]) > 10
     for w in range(4):
         assert [e["n"] for e in lines if e["writer"] == str(w)] == list(range(60))
+
+
+def test_an_extraction_with_many_damaged_files_is_summarised_in_the_journal(tmp_path):
+    """A real apply quarantines 100 empty samples: the journal's observation keeps the first
+    MAX_LIST_ITEMS of them and says how many more; the quarantine manifest (what was moved)
+    names all 100; `reconcile log` reads the line back."""
+    from extraction_support import cli as extraction_cli
+    from extraction_support import state_yaml, write_samples
+
+    out = tmp_path / "hs"
+    write_samples(out, range(200))
+    for idx in range(0, 200, 2):
+        path = out / f"rows_{idx // 10 * 10}-{idx // 10 * 10 + 10}" / f"data_{idx}.ckpt"
+        path.write_bytes(b"")
+        os.utime(path, (time.time() - 3600, time.time() - 3600))  # old: not a file being written
+    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 200, "min_done": 1, "verify": "all"})
+    rc, report, err = extraction_cli(tmp_path, "apply", str(state))
+    assert rc in (0, 2) and report, err
+    (qdir,) = (out / ".reconcile-quarantine").iterdir()
+    moved = json.loads((qdir / "manifest.json").read_text())["files"]
+    assert len(moved) == 100
+    journal = tmp_path / "journal.jsonl"
+    intent = next(e for e in file_lines(journal) if e["event"] == "intent")
+    damaged = intent["before"]["damaged"]
+    assert len(damaged) == MAX_LIST_ITEMS + 1 and damaged[-1] == f"... {100 - MAX_LIST_ITEMS} more (100 in all)"
+    assert {d["path"] for d in damaged[:-1]} <= {f["path"] for f in moved}
+    assert max(len(line) for line in journal.read_bytes().split(b"\n")) < 16384
+    doc = log_json(tmp_path, journal)
+    assert [a["action"] for r in doc["events"] for a in r["actions"]] == ["quarantine"]
