@@ -310,6 +310,45 @@ def _finish(report, fmt: str, verbose: bool) -> None:
     sys.exit(EXIT_ERROR if commands.TEXTFILE.get("failed") else report.exit_code)
 
 
+@main.command("log")
+@click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
+              help="Journal file, as for apply (its rotated files journal.jsonl.1, .2 ... are read too).")
+@click.option("--since", metavar="2h|TIME", help="Only from then: a duration back from now, or a time (UTC).")
+@click.option("--until", metavar="2h|TIME", help="Only until then.")
+@click.option("--resource", metavar="ID", help="Only this resource's actions (e.g. unit:vllm.service).")
+@click.option("--run", "run_id", metavar="ID", help="Only this apply run (its id, or the start of it).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-v", "--verbose", is_flag=True, help="Every observed change, not only the first few.")
+@click.option("--host", metavar="ssh://[USER@]HOST[:PORT]", help="Read this host's journal, over SSH.")
+@click.option("--via", metavar="'CMD ...'", help="Read the journal of the target reached through this prefix.")
+@click.option("--inventory", type=click.Path(dir_okay=False), metavar="HOSTS.yaml",
+              help="Read the journal of every host of this inventory (each host's `journal:` if it names one).")
+@click.option("--limit", metavar="PATTERN[,PATTERN]", help="Only inventory hosts whose name or group matches.")
+@click.option("--remote-command", metavar="'CMD ...'", help="How to start reconcile on the target.")
+@click.option("--ssh-option", "ssh_options", multiple=True, metavar="KEY=VALUE", help="Extra ssh -o option.")
+@click.option("--connect-timeout", metavar="DURATION", help="Give up on a target that does not answer within this.")
+def log_command(journal_path: str | None, since: str | None, until: str | None, resource: str | None,
+                run_id: str | None, fmt: str, verbose: bool, host: str | None, via: str | None,
+                inventory: str | None, limit: str | None, remote_command: str | None,
+                ssh_options: tuple[str, ...], connect_timeout: str | None) -> None:
+    """Show the journal as a timeline: apply runs and their actions, watch passes, Slurm health runs.
+
+    An action whose intent was recorded but not its result (the run was killed while it ran) is
+    shown as one that may or may not have happened."""
+    from .commands import run_log
+
+    if host or via or inventory:
+        from .commands import run_log_elsewhere
+        from .machines.remote import RemoteOptions
+
+        opts = RemoteOptions(host=host, via=via, inventory=inventory, limit=limit, remote_command=remote_command,
+                             ssh_options=ssh_options, connect_timeout=connect_timeout)
+        sys.exit(run_log_elsewhere(opts, journal_path, since, until, resource, run_id, fmt, verbose))
+    if limit:
+        fail("--limit needs --inventory")
+    sys.exit(run_log(journal_path, since, until, resource, run_id, fmt, verbose))
+
+
 @main.command("version")
 @click.option("--json", "as_json", is_flag=True, help="As JSON (the handshake of --host and --via).")
 def version_command(as_json: bool) -> None:

@@ -268,3 +268,132 @@ def diff_without_click(args: dict[str, Any]) -> None:
             raise
         echo_err(internal_error(exc))
         sys.exit(EXIT_ERROR)
+
+
+def parse_when(value: str | None, flag: str, now: float) -> float | None:
+    """--since/--until: a duration back from now (`2h`, `30m`) or a time (`2026-12-01T09:00:00Z`,
+    `2026-12-01 09:00`, read as UTC unless it names its offset)."""
+    if value is None:
+        return None
+    from datetime import datetime, timezone
+
+    from .pipeline.values import parse_duration
+
+    try:
+        return now - parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        fail(f"{flag} {value!r}: give a duration back from now (2h, 30m, 7d) or a time (2026-12-01T09:00:00Z)")
+        raise AssertionError from None  # unreachable
+    return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def run_log(journal_path: str | None, since: str | None, until: str | None, resource: str | None,
+            run: str | None, fmt: str, verbose: bool = False) -> int:
+    """`reconcile log`: the journal (and its rotated files) as a timeline, newest lines read first
+    so that --since stops early. A `| head` that closes the pipe ends it quietly."""
+    import json
+    import time
+
+    from .pipeline.journal import Journal
+    from .pipeline.journal_read import Skipped, parse_time, read_newest_first, rotated_files
+    from .views import log as logview
+    from .views.text import Style
+
+    now = time.time()
+    start, end = parse_when(since, "--since", now), parse_when(until, "--until", now)
+    path = Journal.at(journal_path).path
+    skipped = Skipped()
+    try:
+        if not any(p.exists() for p in rotated_files(path)):
+            echo_err(f"reconcile: warning: no journal at {path} (nothing applied here yet?)")
+        picked = []
+        for e in read_newest_first(path, since=start, skipped=skipped):
+            if start is not None or end is not None:
+                t = parse_time(e.get("time"))
+                if t is not None and ((start is not None and t < start) or (end is not None and t > end)):
+                    continue
+            picked.append(e)
+    except OSError as exc:
+        fail(f"cannot read the journal {getattr(exc, 'filename', None) or path}: {exc.strerror or exc}")
+    warnings = skipped.warnings()
+    for w in warnings:
+        echo_err(f"reconcile: warning: {w}")
+    events = logview.timeline(picked, resource=resource, run=run)
+    return _show_log(lambda: (json.dumps(logview.render_json(events, str(path), warnings), indent=2) + "\n")
+                     if fmt == "json" else logview.render_text(events, sys.stdout, Style(sys.stdout), verbose=verbose))
+
+
+def _show_log(write) -> int:
+    """Run WRITE (it prints, or returns the text to print); a reader that went away (`| head`)
+    ends it quietly: nothing more to say, and no traceback at exit either (Python's documented
+    recipe: point stdout at /dev/null before the final flush)."""
+    try:
+        text = write()
+        if text:
+            sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_OK
+
+
+def run_log_elsewhere(opts, journal_path: str | None, since: str | None, until: str | None,
+                      resource: str | None, run: str | None, fmt: str, verbose: bool) -> int:
+    """`reconcile log --host/--via/--inventory`: the targets' own `reconcile log --format json`,
+    rendered here. --since and --until are passed on as given (a duration counts back from the
+    target's clock). Every host of an inventory has an entry, the unreachable ones with their
+    error; exit 1 when any host's journal could not be read."""
+    import json
+
+    from .machines import remote, remote_log
+    from .pipeline.statefile import StateFileError
+    from .views import log as logview
+    from .views.text import Style
+
+    args = [a for flag, value in (("--since", since), ("--until", until), ("--resource", resource), ("--run", run))
+            if value for a in (flag, value)]
+    if opts.inventory:
+        try:
+            hosts = remote_log.fetch_inventory(opts.inventory, opts.limit, opts, args)
+        except remote.RemoteError as exc:
+            fail(str(exc))
+        except StateFileError as exc:  # the inventory itself: FILE:LINE:COL lines
+            echo_err(str(exc))
+            return EXIT_ERROR
+        for name, _doc, warnings, error in hosts:
+            for w in warnings:
+                echo_err(f"{name}: {w}")
+            if error:
+                echo_err(f"reconcile: error: {name}: {error}")
+
+        def write():
+            if fmt == "json":
+                entries = [{"name": n, "error": err} if err else
+                           {"name": n, "journal": d.get("journal"), "warnings": d.get("warnings", []),
+                            "events": d.get("events", [])} for n, d, _w, err in hosts]
+                return json.dumps({"format_version": logview.LOG_FORMAT_VERSION, "hosts": entries}, indent=2) + "\n"
+            style = Style(sys.stdout)
+            for n, d, _w, err in hosts:
+                sys.stdout.write(style(f"== {n}", "bold") + (f"  {d.get('journal')}" if d else "") + "\n")
+                if err:
+                    sys.stdout.write(style(f"cannot read its journal: {err}", "red") + "\n")
+                else:
+                    logview.render_text(d["events"], sys.stdout, style, verbose=verbose)
+            return ""
+        _show_log(write)
+        return EXIT_ERROR if any(err for *_x, err in hosts) else EXIT_OK
+    try:
+        target = remote.make_target(opts)
+        doc, warnings = remote_log.fetch(target, args, journal=journal_path)
+    except remote.RemoteError as exc:
+        fail(str(exc))
+        raise AssertionError from None  # unreachable
+    for w in warnings:
+        echo_err(w)
+    return _show_log(lambda: (json.dumps({**doc, "host": target.name}, indent=2) + "\n") if fmt == "json"
+                     else logview.render_text(doc["events"], sys.stdout, Style(sys.stdout), verbose=verbose))

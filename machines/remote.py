@@ -44,8 +44,10 @@ HANDSHAKE_GRACE = 30.0
 SERVER_ALIVE_INTERVAL, SERVER_ALIVE_COUNT = 15, 3
 CONTROL_PERSIST = 60
 SSH_OPTS_ENV = "RECONCILE_SSH_OPTS"
-INSTALL_HINT = (f"install it there: python3 -m pip install 'reconcile-host=={__version__}' "
-                "(or from a checkout: python3 -m pip install /path/to/reconcile), "
+# reconcile-host is not on PyPI: the hint names what works, a wheel of this very version or a git URL.
+INSTALL_HINT = (f"install it there: build a wheel of this reconcile ({__version__}) with `python3 -m pip wheel "
+                "--no-deps -w dist /path/to/your/reconcile/checkout`, copy dist/reconcile_host-*.whl there and "
+                "`python3 -m pip install` it (or `python3 -m pip install 'reconcile-host @ git+URL-OF-YOUR-CLONE'`), "
                 "or name it with --remote-command, e.g. --remote-command 'python3 -m reconcile_host'")
 
 

@@ -11,18 +11,79 @@ import fcntl
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .contract import utc_iso
 from .paths import default_journal_path
 
+# Bounded growth: a journal is rotated when it reaches MAX_BYTES or its first line is MAX_AGE_S old,
+# keeping KEEP rotated files (logrotate's `size`, `maxage`, `rotate`); $RECONCILE_JOURNAL_MAX_BYTES,
+# $RECONCILE_JOURNAL_MAX_AGE (a duration, 0 = never by age) and $RECONCILE_JOURNAL_KEEP override them.
+MAX_BYTES, MAX_AGE_S, KEEP = 32 << 20, 90 * 86400.0, 8
+# An observation's lists beyond this many items (an extraction's missing ranges, thousands of files)
+# are summarised in the journal: the first items and how many more.
+MAX_LIST_ITEMS = 32
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """When the journal is rotated and how many old files are kept."""
+
+    max_bytes: int = MAX_BYTES
+    max_age_s: float = MAX_AGE_S
+    keep: int = KEEP
+
+    @classmethod
+    def from_env(cls) -> Rotation:
+        from .values import parse_duration
+
+        env = os.environ
+        try:
+            return cls(int(env.get("RECONCILE_JOURNAL_MAX_BYTES", MAX_BYTES)),
+                       parse_duration(env["RECONCILE_JOURNAL_MAX_AGE"]) if env.get("RECONCILE_JOURNAL_MAX_AGE")
+                       else MAX_AGE_S, int(env.get("RECONCILE_JOURNAL_KEEP", KEEP)))
+        except (ValueError, TypeError):
+            return cls()  # a bad override never stops the journal: the defaults hold
+
+    def due(self, fd: int) -> bool:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return False
+        if self.max_bytes and size >= self.max_bytes:
+            return True
+        if not self.max_age_s:
+            return False
+        from .journal_read import parse_time
+
+        head = os.pread(fd, 4096, 0).split(b"\n", 1)[0]
+        try:
+            first = parse_time(json.loads(head).get("time"))
+        except (ValueError, AttributeError):
+            return False
+        return first is not None and time.time() - first >= self.max_age_s
+
+
+def compact(value: Any, depth: int = 0) -> Any:
+    """VALUE with every list longer than MAX_LIST_ITEMS cut to its first items and a note of how
+    many more: the journal records what was seen, not every one of 18,913 missing indices."""
+    if isinstance(value, dict):
+        return {k: compact(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [compact(v, depth + 1) for v in value[:MAX_LIST_ITEMS]]
+        if len(value) > MAX_LIST_ITEMS:
+            items.append(f"... {len(value) - MAX_LIST_ITEMS} more ({len(value)} in all)")
+        return items
+    return value
+
 
 class Journal:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, rotation: Rotation | None = None):
         self.path = Path(path)
         self._opened = False
         self.skipped: list[int] = []
+        self.rotation = rotation or Rotation.from_env()
 
     @classmethod
     def at(cls, path: str | os.PathLike | None) -> Journal:
@@ -40,15 +101,18 @@ class Journal:
     def __call__(self, entry: dict[str, Any]) -> None:
         """Append one line and fsync it before returning: a line the caller was told is written
         survives a crash. OSError (ENOSPC, EROFS, EACCES, ...) is the caller's to handle: the engine
-        refuses to act without a record."""
-        line = (json.dumps(entry, sort_keys=False, default=str) + "\n").encode()
+        refuses to act without a record. The file is rotated first when it is over its size or age
+        (`Rotation`): the line goes into the new file, whole."""
+        line = (json.dumps(compact(entry), sort_keys=False, default=str) + "\n").encode()
         if not self._opened:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        # O_APPEND writes of one line are not interleaved with another writer's.
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)  # read: the torn-line check
+        fd = self._open_locked()
         try:
+            if self.rotation.due(fd):
+                fd = self._rotate(fd)
             if not self._opened:
                 line = self._after_torn_line(fd) + line
+            # O_APPEND writes of one line are not interleaved with another writer's.
             written = os.write(fd, line)
             if written != len(line):  # a short write: the disk filled up under us
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -56,6 +120,42 @@ class Journal:
             self._opened = True
         finally:
             os.close(fd)
+
+    def _open_locked(self) -> int:
+        """The journal open for appending, under an exclusive flock held until it is closed, and
+        still the file at `path` (another writer may have rotated it while we waited)."""
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)  # read: the torn-line check
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+
+    def _rotate(self, fd: int) -> int:
+        """journal.jsonl.N-1 -> .N, ..., journal.jsonl -> .1 (the oldest beyond `keep` removed),
+        under the flock of the current file: a writer waiting for it finds the name moved and
+        opens the new file. Returns the new file, open and locked."""
+        keep = max(1, self.rotation.keep)  # the file just closed is always kept
+        names = [self.path.with_name(f"{self.path.name}.{n}") for n in range(1, keep + 1)]
+        try:
+            os.unlink(names[-1])
+        except FileNotFoundError:
+            pass
+        for older, newer in zip(reversed(names[1:]), reversed(names[:-1]), strict=True):
+            try:
+                os.rename(newer, older)
+            except FileNotFoundError:
+                pass
+        os.rename(self.path, names[0])
+        os.close(fd)
+        self._opened = True  # the old file's last line was checked (or is old news); the new one is empty
+        return self._open_locked()
 
     def _after_torn_line(self, fd: int) -> bytes:
         """A journal whose last line has no newline was cut short by a crash while writing it: the
@@ -70,11 +170,20 @@ class Journal:
         return b"\n"
 
     def read(self) -> list[dict[str, Any]]:
-        """Every complete line, in order. A line that does not parse (the torn last line of a crash)
-        is skipped with a warning on stderr, and listed in `self.skipped` (1-based line numbers)."""
-        self.skipped = []
+        """Every complete line, oldest first, across the rotated files (journal.jsonl.N ... .1, then
+        journal.jsonl). A line that does not parse (the torn last line of a crash) is skipped with a
+        warning on stderr, and listed in `self.skipped` (1-based line numbers in the current file)."""
+        from .journal_read import rotated_files
+
+        entries: list[dict[str, Any]] = []
+        for path in reversed(rotated_files(self.path)):
+            entries.extend(self._read_one(path))
+        return entries
+
+    def _read_one(self, path: Path) -> list[dict[str, Any]]:
+        skipped = []
         try:
-            with open(self.path, "rb") as fh:
+            with open(path, "rb") as fh:
                 data = fh.read()
         except FileNotFoundError:
             return []
@@ -87,15 +196,17 @@ class Journal:
             except ValueError:
                 entry = None
             if not isinstance(entry, dict):
-                self.skipped.append(number)
+                skipped.append(number)
                 continue
             entries.append(entry)
-        if self.skipped:
+        if path == self.path:
+            self.skipped = skipped
+        if skipped:
             import sys
 
             last = data.count(b"\n") + (not data.endswith(b"\n"))
-            what = "its last line is torn" if self.skipped == [last] else f"line(s) {self.skipped} do not parse"
-            print(f"reconcile: warning: {self.path}: {what}; skipped", file=sys.stderr)
+            what = "its last line is torn" if skipped == [last] else f"line(s) {skipped} do not parse"
+            print(f"reconcile: warning: {path}: {what}; skipped", file=sys.stderr)
         return entries
 
 

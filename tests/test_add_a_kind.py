@@ -1,8 +1,9 @@
 """Adding a resource kind touches three places and nothing else (docs/design.md, "Adding a kind"):
 its module in reconcilers/, its schema fragment in schema/kinds/, one line of the registry.
 
-In a temporary copy of the package, a small `files` kind (a file's mode) is added from exactly
-those three places; then validate, diff, apply, a second apply, `needs` naming it, its `rank`,
+In a temporary copy of the package, the `files` kind docs/design.md sketches (a file's mode; the
+module and the registry line taken from the doc's own blocks) is added from exactly those three
+places; then validate, diff, apply, a second apply, `needs` naming it, its `rank`,
 and `reconcile schema` are run through the real CLI of that copy, and the file's mode is read
 back from the filesystem."""
 
@@ -18,46 +19,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-KIND_MODULE = '''\
-"""files: a file's permission bits."""
-
-from __future__ import annotations
-
-import os
-
-from ..pipeline.contract import Action, Drift, ObserveError, Plan, Reconciler, Resource
+DESIGN = ROOT / "docs" / "design.md"
 
 
-class FilesReconciler(Reconciler):
-    key, kind, rank = "files", "file", 5  # before every other kind when `needs` is silent
+def documented_sketch() -> tuple[str, str]:
+    """The kind's module and its registry line, as docs/design.md ("Adding a kind") shows them:
+    the test runs the documented sketch itself, not a copy of it."""
+    from docs_support import blocks
 
-    def resources(self, section):
-        return [Resource(id=f"file:{path}", kind=self.kind, name=path, spec={"mode": spec["mode"]},
-                         needs=tuple(spec.get("needs", ()))) for path, spec in section.items()]
+    python = [b for b in blocks(DESIGN) if b.lang == "python"]
+    module = next(b for b in python if "class FilesReconciler(Reconciler)" in b.text)
+    registry = next(b for b in python if "KINDS: dict[str, Kind]" in b.text)
+    line = next(line for line in registry.lines if line.strip().startswith('"files": Kind('))
+    return module.text, "    " + line.strip() + "\n"
 
-    def observe(self, host, resources):
-        out = {}
-        for r in resources:
-            try:
-                out[r.id] = format(os.stat(r.name).st_mode & 0o7777, "o")
-            except OSError as exc:
-                out[r.id] = ObserveError(f"cannot stat {r.name}: {exc.strerror}")
-        return out
 
-    def diff(self, resource, observed):
-        want = resource.spec["mode"]
-        return [] if observed == want else [Drift("mode", want, observed)]
-
-    def plan(self, resource, observed, drift, ctx):
-        if not drift:
-            return Plan()
-        mode = resource.spec["mode"]
-        return Plan(actions=(Action("chmod", resource.name, f"chmod {mode} {resource.name}", {"mode": mode}),))
-
-    def apply(self, host, resource, action):
-        os.chmod(action.target, int(action.params["mode"], 8))
-        return f"mode {action.params['mode']}"
-'''
+KIND_MODULE, REGISTRY_LINE = documented_sketch()
 
 KIND_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -74,8 +51,6 @@ KIND_SCHEMA = {
         },
     },
 }
-
-REGISTRY_LINE = '    "files": Kind("file", ".files:FilesReconciler", name_word="PATH"),\n'
 
 
 def copy_with_a_new_kind(tmp: Path) -> Path:
@@ -132,8 +107,8 @@ files:
     assert diff.returncode == 2, diff.stderr
     report = json.loads(diff.stdout)
     ids = [r["id"] for r in report["resources"]]
-    # `needs` orders the second after the first; the kind's rank (5) puts both before the mount (30).
-    assert ids == [f"file:{first}", f"file:{second}", "mount:/proc"], ids
+    # `needs` orders the second after the first; the kind's rank (50) puts both after the mount (30).
+    assert ids == ["mount:/proc", f"file:{first}", f"file:{second}"], ids
     by_id = {r["id"]: r for r in report["resources"]}
     assert by_id[f"file:{second}"]["drift"] == [{"field": "mode", "want": "600", "have": "644"}]
     assert by_id[f"file:{second}"]["needs"] == [f"file:{first}"]

@@ -299,8 +299,9 @@ def test_a_missing_reconcile_and_a_bad_state_file_are_one_clear_failure_each(tmp
     proc = subprocess.run([tool("ansible-playbook"), "-i", "hosts.yaml", "p.yml"], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path, env=ansible_env(tmp_path, collection))
     assert proc.returncode == 2, proc.stdout
-    assert ("reconcile-not-installed not found on the target: install reconcile there (pip install "
-            "reconcile-host), or set executable") in proc.stdout
+    assert ("reconcile-not-installed not found on the target: install reconcile there (not on PyPI: pip install "
+            "the wheel `pip wheel --no-deps` builds from a checkout, or 'reconcile-host @ git+URL'), "
+            "or set executable") in proc.stdout
     # The template was rendered on the controller ({{ unit }}); reconcile's own message points
     # into the user's file by its name.
     assert ('"msg": "reconcile apply exited 1: bad.yaml.j2:4:5: units.\\"x.service\\": unknown key '

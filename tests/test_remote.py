@@ -98,7 +98,7 @@ def test_target_without_reconcile_names_the_install_command(sshd, tmp_path):  # 
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
     assert "reconcile is not installed on root@127.0.0.1" in lines[0]
-    assert "python3 -m pip install 'reconcile-host==" in lines[0]
+    assert "python3 -m pip wheel --no-deps" in lines[0] and "reconcile-host @ git+" in lines[0]
     assert "Traceback" not in proc.stderr
 
 
@@ -301,7 +301,7 @@ def test_a_target_too_old_for_the_request_is_one_line(sshd, tmp_path):  # noqa: 
     assert len(lines) == 1, proc.stderr
     assert "runs a reconcile older than this one, which cannot take `diff` from another host" in lines[0]
     assert "No such option: --state-label" in lines[0]
-    assert "install this version there: python3 -m pip install 'reconcile-host==" in lines[0]
+    assert "install this version there: build a wheel of this reconcile" in lines[0]
 
 
 def test_connection_dropped_mid_diff_is_a_lost_connection(sshd, tmp_path):  # noqa: F811

@@ -53,7 +53,7 @@ options:
   executable:
     description:
       - How to run reconcile on the target, a command line split as a shell splits words
-        (no shell runs it), e.g. C(/opt/reconcile/bin/reconcile) or C(python3 -m reconcile_host).
+        (no shell runs it), e.g. C(/opt/reconcile/.venv/bin/reconcile) or C(python3 -m reconcile_host).
     type: str
     default: reconcile
   fail_on_blocked:
@@ -83,11 +83,11 @@ attributes:
   platform:
     platforms: posix
 notes:
-  - reconcile must be installed on the target (C(pip install reconcile-host)).
+  - reconcile must be installed on the target; it is not on PyPI (C(pip install reconcile_host-*.whl), the wheel C(pip wheel --no-deps) builds from a checkout, or C(pip install 'reconcile-host @ git+URL')).
   - The state text travels in the module's arguments and is written to no file on the target.
   - Templating may move lines, so positions in error messages refer to the rendered text.
 requirements:
-  - reconcile (C(pip install reconcile-host)) on the target
+  - reconcile on the target (a wheel built from a checkout, or C(pip install 'reconcile-host @ git+URL'))
 author:
   - reconcile developers (@reconcile)
 """
@@ -101,7 +101,7 @@ EXAMPLES = r"""
 
 - name: State given inline, reconcile installed in a virtual environment
   reconcile.host.state:
-    executable: /opt/reconcile/bin/reconcile
+    executable: /opt/reconcile/.venv/bin/reconcile
     content: |
       version: 1
       units:
@@ -268,8 +268,9 @@ def main():
         module.fail_json(msg="executable is empty")
     found = module.get_bin_path(command[0]) if "/" not in command[0] else command[0]
     if not found:
-        module.fail_json(msg="%s not found on the target: install reconcile there (pip install reconcile-host), "
-                             "or set executable" % command[0])
+        module.fail_json(msg="%s not found on the target: install reconcile there (not on PyPI: "
+                             "pip install the wheel `pip wheel --no-deps` builds from a checkout, or "
+                             "'reconcile-host @ git+URL'), or set executable" % command[0])
     command[0] = found
     label = p["state_label"] or "<stdin>"
 
