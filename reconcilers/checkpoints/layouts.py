@@ -326,6 +326,8 @@ def _global_step(path: str) -> int | None:
             data = z.read(name)
         prev = None
         for op, arg, _ in pickletools.genops(data):
+            if op.name in ("BINPUT", "LONG_BINPUT", "MEMOIZE"):
+                continue  # the key string memoised: still the key
             if prev == "global_step" and isinstance(arg, int) and "INT" in op.name:
                 return arg
             prev = arg if isinstance(arg, str) and "UNICODE" in op.name else None

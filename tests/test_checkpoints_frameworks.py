@@ -1,0 +1,147 @@
+"""The checkpoints kind against the frameworks' own resume (the authority at test time).
+
+Each framework (Hugging Face Trainer, DeepSpeed, Lightning, under .venv-torch: see
+tests/torch_support.py) trains a tiny model built in code on CPU, saving real checkpoints;
+a copy of the run directory is damaged as a crash damages it. Then:
+- without reconcile, the framework's own resume crashes, or goes on silently from damage
+  (its losses differ from the uninterrupted run's);
+- `reconcile diff` names the step the framework will pick by its own rule and says it is not
+  whole; `reconcile apply` moves the torn checkpoints aside and points the framework's pointer
+  at the newest whole step; a second apply does nothing; no file is lost;
+- the framework's own resume then starts at the step reconcile said, and its losses equal the
+  uninterrupted run's from there (CPU runs are deterministic).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import checkpoints_support as cs
+import pytest
+
+STEPS, EVERY = 8, 2
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One uninterrupted run per layout: its run directory and losses."""
+    made: dict[str, tuple[Path, dict]] = {}
+
+    def get(layout: str) -> tuple[Path, dict]:
+        if layout not in made:
+            python = cs.framework_python(layout)
+            tmp = tmp_path_factory.mktemp(f"ref-{layout}")
+            rc, got, err = cs.train(python, layout, tmp / "run", STEPS, EVERY, tmp / "result.json")
+            assert rc == 0, err
+            made[layout] = (tmp / "run", got)
+        return made[layout]
+
+    return get
+
+
+def _truncate(path: Path, keep: float = 0.5) -> None:
+    os.truncate(path, int(path.stat().st_size * keep))
+
+
+def _zero_page(path: Path, frac: float = 0.5) -> None:
+    """A 4 KiB page of zeros where data was: what a crash leaves when the size was committed
+    and the data not (delayed allocation). At a page boundary inside the file."""
+    size = path.stat().st_size
+    at = max(4096, int(size * frac) // 4096 * 4096)
+    assert at + 4096 <= size, (path, size)
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        fh.write(bytes(4096))
+
+
+def _damage(layout: str, run: Path, how: str) -> None:
+    newest = {"hf-trainer": f"checkpoint-{STEPS}", "deepspeed": f"global_step{STEPS}"}.get(layout)
+    if how == "truncate-weights":
+        _truncate(run / newest / "model.safetensors")
+    elif how == "optimizer-deleted":
+        (run / newest / "optimizer.pt").unlink()
+    elif how == "zeroed-weights-page":
+        _zero_page(run / newest / "model.safetensors")
+    elif how == "torn-latest":  # `latest` opened for writing ('w' truncates), then the crash
+        (run / "latest").write_text("")
+        _truncate(run / newest / "mp_rank_00_model_states.pt", 0.3)
+    elif how == "zeroed-model-states-page":
+        _zero_page(run / newest / "mp_rank_00_model_states.pt", 0.3)
+    elif how == "torn-last":  # last.ckpt and the newest step file both cut off mid-write
+        _truncate(run / "last.ckpt")
+        _truncate(run / f"epoch=0-step={STEPS}.ckpt", 0.7)
+    elif how == "zeroed-last-page":
+        _zero_page(run / "last.ckpt", 0.3)
+    else:
+        raise AssertionError(how)
+
+
+CASES = [
+    ("hf-trainer", "truncate-weights"),  # the Trainer's resume crashes
+    ("hf-trainer", "optimizer-deleted"),  # silently goes on with a fresh optimizer
+    ("hf-trainer", "zeroed-weights-page"),  # silently loads zeroed weights
+    ("deepspeed", "torn-latest"),  # crashes (an empty tag)
+    ("deepspeed", "zeroed-model-states-page"),  # silently loads damage (torch.load checks no CRC)
+    ("lightning", "torn-last"),  # crashes
+    ("lightning", "zeroed-last-page"),  # silently loads damage
+]
+
+
+@pytest.mark.parametrize("layout,how", CASES, ids=[f"{a}-{b}" for a, b in CASES])
+def test_resume_from_the_newest_whole_checkpoint(reference, tmp_path, layout, how):
+    python = cs.framework_python(layout)
+    ref_run, ref = reference(layout)
+    run = cs.copy_run(ref_run, tmp_path / "run")
+    _damage(layout, run, how)
+
+    # Without reconcile: the framework's own resume crashes or continues from damage.
+    bare = cs.copy_run(run, tmp_path / "bare")
+    rc, got, err = cs.train(python, layout, bare, STEPS, EVERY, tmp_path / "bare.json", resume=True)
+    if rc == 0:
+        later = {k: v for k, v in got["losses"].items() if k in ref["losses"]}
+        assert got["start_step"] != STEPS - EVERY or later != {k: ref["losses"][k] for k in later}, \
+            "the damage made no difference to the framework: not a test of anything"
+        assert any(ref["losses"][k] != v for k, v in later.items()) or got["start_step"] == 0, got
+
+    state = cs.state(tmp_path, "run", run, layout=layout)
+    res = cs.observed(tmp_path, state)
+    o = res["observed"]
+    assert res["status"] == "drift", res
+    assert o["layout"] == layout and not o["detected"]
+    assert {d["field"] for d in res["drift"]} == {"resume"}
+    newest_whole = o["newest_whole_step"]
+    assert newest_whole == STEPS - EVERY, o  # the damage was to step STEPS's files
+
+    before = cs.inventory(run)
+    done = cs.apply(tmp_path, state)
+    assert done["status"] == "ok", done
+    assert all(a["result"] == "done" for a in done["actions"]), done["actions"]
+    again = cs.apply(tmp_path, state)
+    assert again["actions"] == [] and again["status"] == "ok", again
+    cs.nothing_lost(before, cs.inventory(run))
+    manifests = list((run / cs.QUARANTINE).glob("*/manifest.json"))
+    assert manifests and all(json.loads(m.read_text())["why"] for m in manifests)
+
+    after = cs.observed(tmp_path, state)["observed"]
+    assert after["resume_step"] == newest_whole and after["resume_path"] is not None
+
+    # The framework's own resume: from the step reconcile said, and the same run from there.
+    rc, got, err = cs.train(python, layout, run, STEPS, EVERY, tmp_path / "resumed.json", resume=True)
+    assert rc == 0, err
+    assert got["start_step"] == after["resume_step"]
+    assert got["losses"] == {k: v for k, v in ref["losses"].items() if int(k) > got["start_step"]}
+
+
+def test_detected_layout_and_whole_run(reference, tmp_path):
+    """An undamaged run: ok, the layout detected and said, the pick the framework's own."""
+    ref_run, _ = reference("hf-trainer")
+    run = cs.copy_run(ref_run, tmp_path / "run")
+    res = cs.observed(tmp_path, cs.state(tmp_path, "run", run, min_step=STEPS))
+    o = res["observed"]
+    assert res["status"] == "ok" and o["detected"] and o["layout"] == "hf-trainer"
+    assert "(detected)" in res["message"]
+    assert o["resume_step"] == o["newest_whole_step"] == STEPS
+    bad = cs.observed(tmp_path, cs.state(tmp_path, "high", run, min_step=STEPS + 1))
+    assert bad["status"] == "blocked" and [d["field"] for d in bad["drift"]] == ["min_step"]
