@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from cli_support import report_of, run_cli
 from torch_support import torch_python
 

@@ -26,6 +26,8 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 DIM, BATCH = 16, 4
+DATA = 64  # batches in the data set, whatever the number of steps: a run of 8 steps and one of 10
+# see the same first 8 batches (the samplers' permutations depend on the data set's length only)
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,7 +49,7 @@ def hf(out: str, steps: int, every: int, resume: bool) -> dict:
 
     class Data(torch.utils.data.Dataset):
         def __len__(self):
-            return steps * BATCH
+            return DATA * BATCH
 
         def __getitem__(self, i):
             ids = torch.Generator().manual_seed(i)
@@ -67,7 +69,7 @@ def hf(out: str, steps: int, every: int, resume: bool) -> dict:
     args = TrainingArguments(output_dir=out, max_steps=steps, save_steps=every, logging_steps=1,
                              per_device_train_batch_size=BATCH, learning_rate=1e-2, report_to=[], use_cpu=True,
                              seed=0, data_seed=0, dataloader_num_workers=0,
-                             disable_tqdm=True, lr_scheduler_type="linear", warmup_steps=0)
+                             disable_tqdm=True, lr_scheduler_type="constant", warmup_steps=0)
     trainer = Trainer(model=model, args=args, train_dataset=Data(), callbacks=[Record()])
     trainer.train(resume_from_checkpoint=True if resume else None)
     return got
@@ -97,7 +99,7 @@ def lightning(out: str, steps: int, every: int, resume: bool) -> dict:
             return torch.optim.Adam(self.parameters(), lr=1e-2)
 
         def train_dataloader(self):
-            return torch.utils.data.DataLoader(list(range(steps)), batch_size=1)
+            return torch.utils.data.DataLoader(list(range(DATA)), batch_size=1)
 
     ckpt = ModelCheckpoint(dirpath=out, every_n_train_steps=every, save_top_k=-1, save_last=True)
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, callbacks=[ckpt], logger=False,
