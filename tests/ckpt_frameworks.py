@@ -133,7 +133,47 @@ def deepspeed_run(out: str, steps: int, every: int, resume: bool) -> dict:
     return got
 
 
-RUNS = {"hf-trainer": hf, "lightning": lightning, "deepspeed": deepspeed_run}
+def dcp_run(out: str, steps: int, every: int, resume: bool) -> dict:
+    """torch.distributed.checkpoint, one process: `step-N` folders; on resume the step picked
+    by torchtitan's rule (CheckpointManager._find_load_step: the highest step-N holding a
+    .metadata), loaded with dcp.load (DCP itself has no rule of its own)."""
+    import re
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    got: dict = {"losses": {}, "start_step": 0}
+    start = 0
+    if resume and os.path.isdir(out):
+        found = [int(m.group(1)) for n in os.listdir(out) if (m := re.search(r"step-(\d+)", n))
+                 and os.path.isfile(os.path.join(out, n, ".metadata"))]
+        if found:
+            start = max(found)
+            x, y = batch(0)  # the optimizer's state must exist to be loaded into: one step made, then overwritten
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            msd, osd = get_state_dict(model, opt)
+            sd = {"model": msd, "optim": osd}
+            dcp.load(sd, checkpoint_id=os.path.join(out, f"step-{start}"))
+            set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+            got["start_step"] = start
+    for step in range(start, steps):
+        x, y = batch(step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        got["losses"][str(step + 1)] = float(loss)
+        if (step + 1) % every == 0:
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(out, f"step-{step + 1}"))
+    return got
+
+
+RUNS = {"dcp": dcp_run, "hf-trainer": hf, "lightning": lightning, "deepspeed": deepspeed_run}
 
 if __name__ == "__main__":
     layout, out, n, every, result = sys.argv[1:6]

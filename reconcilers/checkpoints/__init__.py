@@ -21,10 +21,9 @@ if TYPE_CHECKING:
 
 from ...pipeline.contract import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
 from ...pipeline.values import format_duration, parse_duration
-from .observed import CheckpointsObserved, StepObserved
+from .observed import QUARANTINE, CheckpointsObserved, StepObserved
 
 DEFAULT_OBSERVE_TIMEOUT = "60s"
-QUARANTINE = ".reconcile-quarantine"  # as the extraction kind's (listing.QUARANTINE)
 
 
 class CheckpointsReconciler(Reconciler):

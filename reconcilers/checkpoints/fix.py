@@ -24,8 +24,7 @@ from typing import Any
 
 from ...pipeline.atomic import write_json
 from ...pipeline.contract import ApplyError, utc_iso
-from . import QUARANTINE
-from .observed import CheckpointsObserved
+from .observed import QUARANTINE, CheckpointsObserved
 from .survey import survey
 
 
