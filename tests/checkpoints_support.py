@@ -16,7 +16,8 @@ from cli_support import report_of, run_cli
 from torch_support import torch_python
 
 SCRIPT = str(Path(__file__).with_name("ckpt_frameworks.py"))
-MODULES = {"hf-trainer": "transformers", "lightning": "lightning", "deepspeed": "deepspeed"}
+MODULES = {"hf-trainer": "transformers", "lightning": "lightning", "deepspeed": "deepspeed",
+           "dcp": "torch.distributed.checkpoint"}
 QUARANTINE = ".reconcile-quarantine"
 
 

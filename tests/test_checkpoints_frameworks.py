@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 
 import checkpoints_support as cs
@@ -79,8 +80,30 @@ def _damage(layout: str, run: Path, how: str) -> None:
     elif how == "zeroed-last-page":  # saved at the same moment: the crash reaches both
         _zero_page(run / "last.ckpt", 0.3)
         _zero_page(run / f"epoch=0-step={STEPS}.ckpt", 0.3)
+    elif how == "truncated-distcp":
+        _truncate(run / f"step-{STEPS}" / "__0_0.distcp", 0.6)
+    elif how == "flipped-tensor-bit":
+        _flip_tensor_bit(run / f"step-{STEPS}" / "__0_0.distcp")
     else:
         raise AssertionError(how)
+
+
+def _flip_tensor_bit(path: Path) -> None:
+    """An exponent bit flipped in the middle of the largest tensor's data (a disk's bit rot, not a
+    crash): inside the largest `data/0` entry of the torch.save items DCP concatenates."""
+    raw = bytearray(path.read_bytes())
+    best = None
+    at = raw.find(b"PK\x03\x04")
+    while at >= 0:
+        _, _, _, _, _, _, csize, _, nlen, xlen = struct.unpack_from("<IHHHHHIIIHH", raw, at)[1:]
+        name = bytes(raw[at + 30:at + 30 + nlen])
+        if name.endswith(b"/data/0") and (best is None or csize > best[1]):
+            best = (at + 30 + nlen + xlen, csize)
+        at = raw.find(b"PK\x03\x04", at + 4)
+    assert best, path
+    start, size = best
+    raw[start + size // 2 // 4 * 4 + 3] ^= 0x40
+    path.write_bytes(bytes(raw))
 
 
 CASES = [
@@ -91,6 +114,8 @@ CASES = [
     ("deepspeed", "zeroed-model-states-page"),  # silently loads damage (torch.load checks no CRC)
     ("lightning", "torn-last"),  # crashes
     ("lightning", "zeroed-last-page"),  # silently loads damage
+    ("dcp", "truncated-distcp"),  # dcp.load raises CheckpointException
+    ("dcp", "flipped-tensor-bit"),  # dcp.load loads it silently (no CRC checked)
 ]
 
 

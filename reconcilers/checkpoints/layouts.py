@@ -24,11 +24,13 @@ import os
 import pickletools
 import re
 import zipfile
+import zlib
 from collections.abc import Callable
 from stat import S_ISLNK
 
 from ..extractions.integrity import CONTENT, STRUCTURE, check_path
 from ..extractions.listing import QUARANTINE
+from ..extractions.torchzip import check_torch_zip
 from .observed import StepObserved
 
 HF_DIR = re.compile(r"^checkpoint-(\d+)$")  # transformers trainer_utils._re_checkpoint
@@ -350,8 +352,9 @@ def pl_resume(root: str, steps: list[StepObserved]) -> str | None:
 
 def dcp_step(root: str, name: str, step: int, depth: str) -> StepObserved:
     """torch.distributed.checkpoint FileSystemReader: `.metadata` (written last, temp + fsync +
-    rename) names each item's file; every `.distcp` it names must be present and long enough.
-    The items themselves (torch.save archives at offsets) are checked only as far as the sizes."""
+    rename) names each item's file, offset and length; every `.distcp` it names must be present
+    and hold its items. Each item is a torch.save archive (filesystem._write_item): at the
+    content depth every item's CRC-32s are checked (dcp.load checks none)."""
     d = os.path.join(root, name)
     files = os.listdir(d)
     mtime = max(_mtime_of(d, files), os.lstat(d).st_mtime)
@@ -360,34 +363,66 @@ def dcp_step(root: str, name: str, step: int, depth: str) -> StepObserved:
         problem = ".metadata missing: the save never finished" + (
             " (.metadata.tmp left over)" if ".metadata.tmp" in files else "")
     else:
-        problem = _dcp_items(d, files)
+        problem = _dcp_items(d, depth)
+    unproven = "" if depth == CONTENT else "items' bytes not read (sizes only)"
     return StepObserved(step, name, not problem, problem, mtime, len(files), _size(d, files),
-                        "" if problem else "items' bytes are not checked (sizes only)")
+                        "" if problem else unproven)
 
 
-def _dcp_items(d: str, files: list[str]) -> str:
+def _dcp_items(d: str, depth: str) -> str:
     try:
         with open(os.path.join(d, ".metadata"), "rb") as fh:
             data = fh.read()
         flat = _scalars(data)
     except Exception as exc:  # a torn pickle: whatever genops raises
         return f".metadata: does not parse ({type(exc).__name__})"
-    need: dict[str, int] = {}
+    items: dict[str, list[tuple[int, int]]] = {}
     for i, v in enumerate(flat):
         if v == "relative_path" and i + 5 < len(flat) and flat[i + 2] == "offset" and flat[i + 4] == "length":
             rel, off, n = flat[i + 1], flat[i + 3], flat[i + 5]
             if isinstance(rel, str) and isinstance(off, int) and isinstance(n, int):
-                need[rel] = max(need.get(rel, 0), off + n)
-    if not need:
+                items.setdefault(rel, []).append((off, n))
+    if not items:
         return ".metadata names no item file"
-    for rel, end in sorted(need.items()):
+    for rel, spans in sorted(items.items()):
+        if os.path.isabs(rel) or ".." in rel.split("/"):
+            return f".metadata names {rel!r}, outside the checkpoint"
+        path = os.path.join(d, rel)
         try:
-            size = os.stat(os.path.join(d, rel)).st_size
+            size = os.stat(path).st_size
         except FileNotFoundError:
             return f"{rel}: missing (named by .metadata)"
+        end = max(o + n for o, n in spans)
         if size < end:
             return f"{rel}: {size} bytes, .metadata names items up to byte {end} (truncated)"
+        if depth == CONTENT:
+            with open(path, "rb") as fh:
+                for off, n in sorted(set(spans)):
+                    fh.seek(off)
+                    try:  # as torch.load would read it: the extraction kind's torch.save check
+                        check_torch_zip(BytesSource(fh.read(n)), True)
+                    except Exception as exc:  # ZipDamage, PickleDamage, or damage not foreseen
+                        why = str(exc)
+                        if "torch.load(weights_only=True)" not in why:  # dcp.load: weights_only=False
+                            return f"{rel}: the item at byte {off}: {why}"[:240]
     return ""
+
+
+class BytesSource:
+    """A torchzip Source over bytes in memory (one DCP item)."""
+
+    def __init__(self, data: bytes):
+        self.data, self.size = data, len(data)
+        self.head, self.tail, self.tail_at = data, data, 0
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        return self.data[offset:offset + n]
+
+    def crc_of(self, offset: int, n: int) -> int:
+        return zlib.crc32(memoryview(self.data)[offset:offset + n])
+
+    def first_zero_page(self, ranges: list[tuple[int, int]]) -> int | None:
+        return None  # an item written without CRCs: not proven (torch writes them by default)
 
 
 def _scalars(data: bytes) -> list[object]:
