@@ -39,7 +39,7 @@ STEP_IN_NAME = re.compile(r"step=(\d+)")  # Lightning's default filename "{epoch
 DS_TAG = re.compile(r"(\d+)$")  # DeepSpeed's default tag "global_step{N}"
 DS_MODEL = re.compile(r".*model_states\.pt$")
 DS_ZERO = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-DCP_DIR = re.compile(r"^step-(\d+)$")  # torchtitan checkpoint.py _find_load_step
+DCP_DIR = re.compile(r"step-(\d+)")  # torchtitan checkpoint.py _find_load_step: re.search, anywhere in the name
 MEGATRON_DIR = re.compile(r"^iter_(\d{7,})$")  # megatron checkpointing.get_checkpoint_name
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # checkpointing.get_checkpoint_tracker_filename
 # Files an interrupted write leaves: huggingface_hub/safetensors temp names, torch DCP's
@@ -90,7 +90,7 @@ def detect(root: str, names: list[str]) -> str | None:
         return "lightning"
     for n in names:
         p = os.path.join(root, n)
-        if DCP_DIR.match(n) and os.path.isdir(p):
+        if DCP_DIR.search(n) and os.path.isdir(p):
             return "dcp"
         if os.path.isdir(p) and any(DS_MODEL.match(x) for x in _listdir(p)):
             return "deepspeed"

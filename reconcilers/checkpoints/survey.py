@@ -67,7 +67,7 @@ def _steps(root: str, layout: str, names: list[str], depth_of: Callable[[str], s
     rx = L.DCP_DIR if layout == "dcp" else L.MEGATRON_DIR
     one = L.dcp_step if layout == "dcp" else L.megatron_step
     for n in names:
-        m = rx.match(n)
+        m = rx.search(n) if layout == "dcp" else rx.match(n)
         if m and os.path.isdir(os.path.join(root, n)):
             out.append(one(root, n, int(m.group(1)), depth_of(n)))
     return out
