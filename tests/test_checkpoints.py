@@ -128,3 +128,10 @@ def test_megatron_tracker_garbage_is_drift(tmp_path, megatron_run):
     (megatron_run / "latest_checkpointed_iteration.txt").write_text("")
     res = cs.observed(tmp_path, cs.state(tmp_path, "mega", megatron_run, layout="megatron"))
     assert res["status"] == "drift" and "Invalid metadata file" in res["drift"][0]["have"]
+
+
+def test_an_unreadable_pick_is_blocked_never_moved():
+    steps = [_step(2), _step(4, False, "model.safetensors: unreadable: Input/output error (EIO)")]
+    o = _obs(steps, "checkpoint-4")
+    plan = R.plan(_res(), o, R.diff(_res(), o), Context())
+    assert not plan.actions and plan.blocked and "cannot be read" in plan.blocked

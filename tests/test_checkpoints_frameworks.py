@@ -72,6 +72,8 @@ def _damage(layout: str, run: Path, how: str) -> None:
     elif how == "torn-latest":  # `latest` opened for writing ('w' truncates), then the crash
         (run / "latest").write_text("")
         _truncate(run / newest / "mp_rank_00_model_states.pt", 0.3)
+    elif how == "latest-deleted":  # the crash came before `latest` was written for the first save kept
+        (run / "latest").unlink()
     elif how == "zeroed-model-states-page":
         _zero_page(run / newest / "mp_rank_00_model_states.pt", 0.3)
     elif how == "torn-last":  # last.ckpt and the newest step file both cut off mid-write
@@ -111,6 +113,7 @@ CASES = [
     ("hf-trainer", "optimizer-deleted"),  # silently goes on with a fresh optimizer
     ("hf-trainer", "zeroed-weights-page"),  # silently loads zeroed weights
     ("deepspeed", "torn-latest"),  # crashes (an empty tag)
+    ("deepspeed", "latest-deleted"),  # silently starts from scratch (and would overwrite the steps)
     ("deepspeed", "zeroed-model-states-page"),  # silently loads damage (torch.load checks no CRC)
     ("lightning", "torn-last"),  # crashes
     ("lightning", "zeroed-last-page"),  # silently loads damage
@@ -139,7 +142,8 @@ def test_resume_from_the_newest_whole_checkpoint(reference, tmp_path, layout, ho
     assert o["layout"] == layout and not o["detected"]
     assert {d["field"] for d in res["drift"]} == {"resume"}
     newest_whole = o["newest_whole_step"]
-    assert newest_whole == STEPS - EVERY, o  # the damage was to step STEPS's files
+    # the damage was to step STEPS's files (a lost pointer leaves every step whole)
+    assert newest_whole == (STEPS if how == "latest-deleted" else STEPS - EVERY), o
 
     before = cs.inventory(run)
     done = cs.apply(tmp_path, state)

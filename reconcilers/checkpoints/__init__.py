@@ -106,7 +106,11 @@ class CheckpointsReconciler(Reconciler):
                                f"{format_duration(resource.spec['max_age'])}): the job has stopped saving?")
         actions: list[Action] = []
         if any(d.field == "resume" for d in drift):
-            if o.newest_whole_path is None:
+            stuck = [s for s in _newer_than_whole(o) if s.unreadable]
+            if stuck:
+                blocked.insert(0, f"{stuck[0].path} cannot be read ({stuck[0].reason}): neither whole nor torn, "
+                               "not moved; repair or move it by hand")
+            elif o.newest_whole_path is None:
                 blocked.insert(0, "no whole checkpoint to resume from")
             else:
                 actions = fix_actions(o)
@@ -176,20 +180,27 @@ def _caveats(o: CheckpointsObserved) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _is_newer(o: CheckpointsObserved, s: StepObserved) -> bool:
+    newest = o.step_at(o.newest_whole_path)
+    if newest is None:
+        return True
+    if s.step is not None and newest.step is not None:
+        return s.step > newest.step
+    return s.mtime >= newest.mtime
+
+
+def _newer_than_whole(o: CheckpointsObserved) -> list[StepObserved]:
+    return [s for s in o.steps if not s.whole and (_is_newer(o, s) or s.path == o.resume_path)]
+
+
 def to_quarantine(o: CheckpointsObserved) -> list[StepObserved]:
     """The torn checkpoints newer than the newest whole one (and the framework's torn pick): the
     ones the framework's rule would pick before the newest whole one."""
-    newest = o.step_at(o.newest_whole_path)
     out = []
-    for s in o.steps:
-        if s.whole:
-            continue
-        newer = (s.step is not None and newest is not None and newest.step is not None and s.step > newest.step) \
-            or (s.step is None and newest is not None and s.mtime >= newest.mtime)
-        if newer or s.path == o.resume_path:
-            if o.layout == "deepspeed" and not newer:
-                continue  # DeepSpeed reads only what `latest` names: pointing it elsewhere is enough
-            out.append(s)
+    for s in _newer_than_whole(o):
+        if o.layout == "deepspeed" and not _is_newer(o, s):
+            continue  # DeepSpeed reads only what `latest` names: pointing it elsewhere is enough
+        out.append(s)
     return out
 
 

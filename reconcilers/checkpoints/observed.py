@@ -25,6 +25,11 @@ class StepObserved:
     pointer: bool = False  # Lightning: a last*.ckpt file, a candidate of ckpt_path="last"
     link: bool = False  # Lightning: a symbolic link (save_last="link")
 
+    @property
+    def unreadable(self) -> bool:
+        """A file of it could not be read (EIO, EACCES): neither whole nor torn, never moved."""
+        return self.reason.startswith("unreadable:") or ": unreadable: " in self.reason
+
 
 @dataclass(frozen=True)
 class CheckpointsObserved:
