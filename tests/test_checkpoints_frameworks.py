@@ -79,6 +79,10 @@ def _damage(layout: str, run: Path, how: str) -> None:
     elif how == "torn-last":  # last.ckpt and the newest step file both cut off mid-write
         _truncate(run / "last.ckpt")
         _truncate(run / f"epoch=0-step={STEPS}.ckpt", 0.7)
+    elif how == "renamed-torn-last":  # a person moved the torn last.ckpt "out of the way"
+        _truncate(run / "last.ckpt")
+        _truncate(run / f"epoch=0-step={STEPS}.ckpt", 0.7)
+        (run / "last.ckpt").rename(run / "last.torn.ckpt")
     elif how == "zeroed-last-page":  # saved at the same moment: the crash reaches both
         _zero_page(run / "last.ckpt", 0.3)
         _zero_page(run / f"epoch=0-step={STEPS}.ckpt", 0.3)
@@ -116,6 +120,7 @@ CASES = [
     ("deepspeed", "latest-deleted"),  # silently starts from scratch (and would overwrite the steps)
     ("deepspeed", "zeroed-model-states-page"),  # silently loads damage (torch.load checks no CRC)
     ("lightning", "torn-last"),  # crashes
+    ("lightning", "renamed-torn-last"),  # still Lightning's pick (a prefix match): crashes
     ("lightning", "zeroed-last-page"),  # silently loads damage
     ("dcp", "truncated-distcp"),  # dcp.load raises CheckpointException
     ("dcp", "flipped-tensor-bit"),  # dcp.load loads it silently (no CRC checked)
@@ -153,7 +158,8 @@ def test_resume_from_the_newest_whole_checkpoint(reference, tmp_path, layout, ho
     assert again["actions"] == [] and again["status"] == "ok", again
     cs.nothing_lost(before, cs.inventory(run))
     manifests = list((run / cs.QUARANTINE).glob("*/manifest.json"))
-    assert manifests and all(json.loads(m.read_text())["why"] for m in manifests)
+    assert all(json.loads(m.read_text())["why"] for m in manifests)
+    assert manifests or how == "latest-deleted"  # (only a pointer written: nothing moved, no old text)
 
     after = cs.observed(tmp_path, state)["observed"]
     assert after["resume_step"] == newest_whole and after["resume_path"] is not None
