@@ -40,10 +40,12 @@ def _port() -> str:
         return str(s.getsockname()[1])
 
 
-def train(python: str, layout: str, out: Path, steps: int, every: int, result: Path, resume: bool = False):
-    """One run of the framework; (returncode, result dict or None, stderr tail)."""
+def train(python: str, layout: str, out: Path, steps: int, every: int, result: Path, resume: bool = False,
+          zero_stage: int = 0):
+    """One run of the framework; (returncode, result dict or None, stderr tail). `zero_stage`:
+    DeepSpeed's ZeRO stage (1: the optimizer state in zero_pp_rank_*_optim_states.pt)."""
     env = {**os.environ, "MASTER_PORT": _port(), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONHASHSEED": "0", "TMPDIR": str(result.parent)}
+           "PYTHONHASHSEED": "0", "TMPDIR": str(result.parent), "CKPT_ZERO_STAGE": str(zero_stage)}
     argv = [python, SCRIPT, layout, str(out), str(steps), str(every), str(result)] + (["resume"] if resume else [])
     result.unlink(missing_ok=True)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env)

@@ -10,6 +10,7 @@ checkpoint every SAVE_EVERY steps with the framework's own save, and writes to R
 With `resume`, it resumes by the framework's own rule: Trainer(resume_from_checkpoint=True),
 Trainer.fit(ckpt_path="last"), DeepSpeedEngine.load_checkpoint(dir) (tag from `latest`).
 CPU runs are deterministic: the losses of a resumed run equal an uninterrupted run's.
+$CKPT_ZERO_STAGE sets DeepSpeed's ZeRO stage (default 0; 1 saves zero_pp_rank_*_optim_states.pt).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def deepspeed_run(out: str, steps: int, every: int, resume: bool) -> dict:
     deepspeed.init_distributed(dist_backend="gloo")
     model = mlp()
     config = {"train_batch_size": BATCH, "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}},
-              "zero_optimization": {"stage": 0}, "steps_per_print": 10**9}
+              "zero_optimization": {"stage": int(os.environ.get("CKPT_ZERO_STAGE", "0"))}, "steps_per_print": 10**9}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     got: dict = {"losses": {}, "start_step": 0}
     if resume:

@@ -27,21 +27,23 @@ STEPS, EVERY, TOTAL = 8, 2, 10  # the crashed run saved steps 2..8 of a job of 1
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """Per layout: the run directory of a job stopped after step STEPS (what the crash left,
-    before the damage), and the losses of the same job run uninterrupted to TOTAL."""
-    made: dict[str, tuple[Path, dict]] = {}
+    """Per layout (and DeepSpeed ZeRO stage): the run directory of a job stopped after step
+    STEPS (what the crash left, before the damage), and the losses of the same job run
+    uninterrupted to TOTAL."""
+    made: dict[tuple[str, int], tuple[Path, dict]] = {}
 
-    def get(layout: str) -> tuple[Path, dict]:
-        if layout not in made:
+    def get(layout: str, zero: int = 0) -> tuple[Path, dict]:
+        if (layout, zero) not in made:
             python = cs.framework_python(layout)
-            tmp = tmp_path_factory.mktemp(f"ref-{layout}")
-            rc, got, err = cs.train(python, layout, tmp / "run", STEPS, EVERY, tmp / "result.json")
+            tmp = tmp_path_factory.mktemp(f"ref-{layout}-{zero}")
+            rc, got, err = cs.train(python, layout, tmp / "run", STEPS, EVERY, tmp / "result.json", zero_stage=zero)
             assert rc == 0, err
-            rc, whole, err = cs.train(python, layout, tmp / "whole", TOTAL, EVERY, tmp / "whole.json")
+            rc, whole, err = cs.train(python, layout, tmp / "whole", TOTAL, EVERY, tmp / "whole.json",
+                                      zero_stage=zero)
             assert rc == 0, err
             assert {k: v for k, v in whole["losses"].items() if int(k) <= STEPS} == got["losses"]
-            made[layout] = (tmp / "run", whole)
-        return made[layout]
+            made[(layout, zero)] = (tmp / "run", whole)
+        return made[(layout, zero)]
 
     return get
 
@@ -74,6 +76,8 @@ def _damage(layout: str, run: Path, how: str) -> None:
         _truncate(run / newest / "mp_rank_00_model_states.pt", 0.3)
     elif how == "latest-deleted":  # the crash came before `latest` was written for the first save kept
         (run / "latest").unlink()
+    elif how == "zero1-optim-deleted":  # ZeRO-1: DeepSpeed then silently rebuilds the optimizer from the weights
+        (run / newest / "zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
     elif how == "zeroed-model-states-page":
         _zero_page(run / newest / "mp_rank_00_model_states.pt", 0.3)
     elif how == "torn-last":  # last.ckpt and the newest step file both cut off mid-write
@@ -118,6 +122,7 @@ CASES = [
     ("hf-trainer", "zeroed-weights-page"),  # silently loads zeroed weights
     ("deepspeed", "torn-latest"),  # crashes (an empty tag)
     ("deepspeed", "latest-deleted"),  # silently starts from scratch (and would overwrite the steps)
+    ("deepspeed", "zero1-optim-deleted"),  # silently goes on with a fresh optimizer state
     ("deepspeed", "zeroed-model-states-page"),  # silently loads damage (torch.load checks no CRC)
     ("lightning", "torn-last"),  # crashes
     ("lightning", "renamed-torn-last"),  # still Lightning's pick (a prefix match): crashes
@@ -130,13 +135,15 @@ CASES = [
 @pytest.mark.parametrize("layout,how", CASES, ids=[f"{a}-{b}" for a, b in CASES])
 def test_resume_from_the_newest_whole_checkpoint(reference, tmp_path, layout, how):
     python = cs.framework_python(layout)
-    ref_run, ref = reference(layout)
+    zero = 1 if how.startswith("zero1-") else 0
+    ref_run, ref = reference(layout, zero)
     run = cs.copy_run(ref_run, tmp_path / "run")
     _damage(layout, run, how)
 
     # Without reconcile: the framework's own resume crashes or continues from damage.
     bare = cs.copy_run(run, tmp_path / "bare")
-    rc, got, err = cs.train(python, layout, bare, TOTAL, EVERY, tmp_path / "bare.json", resume=True)
+    rc, got, err = cs.train(python, layout, bare, TOTAL, EVERY, tmp_path / "bare.json", resume=True,
+                             zero_stage=zero)
     if rc == 0:  # no crash: it started over (the saved work lost) or went on from damage
         assert got["start_step"] == 0 or any(v != ref["losses"][k] for k, v in got["losses"].items()), got
 
@@ -165,7 +172,8 @@ def test_resume_from_the_newest_whole_checkpoint(reference, tmp_path, layout, ho
     assert after["resume_step"] == newest_whole and after["resume_path"] is not None
 
     # The framework's own resume: from the step reconcile said, and the same run from there.
-    rc, got, err = cs.train(python, layout, run, TOTAL, EVERY, tmp_path / "resumed.json", resume=True)
+    rc, got, err = cs.train(python, layout, run, TOTAL, EVERY, tmp_path / "resumed.json", resume=True,
+                             zero_stage=zero)
     assert rc == 0, err
     assert got["start_step"] == after["resume_step"]
     assert got["losses"] == {k: v for k, v in ref["losses"].items() if int(k) > got["start_step"]}
