@@ -29,6 +29,7 @@ KINDS: dict[str, Kind] = {
     "gpus": Kind("gpus", ".gpus:GpusReconciler", singleton=True),
     "mounts": Kind("mount", ".mounts:MountsReconciler", name_word="PATH"),
     "extractions": Kind("extraction", ".extractions:ExtractionsReconciler"),
+    "checkpoints": Kind("checkpoints", ".checkpoints:CheckpointsReconciler"),
 }
 
 

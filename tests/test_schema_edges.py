@@ -43,6 +43,9 @@ BASE = {
                           "allow_missing": [1], "verify": "recent", "observe_timeout": "60s",
                           "resume": {"unit": "x.service"}, "needs": []},
                     "y": {"dir": "/data/y", "total": 10, "resume": {"command": ["/bin/true"], "cwd": "/"}}},
+    "checkpoints": {"run": {"dir": "/data/run", "layout": "hf-trainer", "resume": "whole", "min_step": 100,
+                            "max_age": "6h", "verify": "resume", "model_only": False, "observe_timeout": "60s",
+                            "needs": ["mount:/data"]}},
 }
 
 EDGES = [
