@@ -29,7 +29,7 @@ KINDS: dict[str, Kind] = {
     "gpus": Kind("gpus", ".gpus:GpusReconciler", singleton=True),
     "mounts": Kind("mount", ".mounts:MountsReconciler", name_word="PATH"),
     "extractions": Kind("extraction", ".extractions:ExtractionsReconciler"),
-    "checkpoints": Kind("checkpoints", ".checkpoints:CheckpointsReconciler"),
+    "checkpoints": Kind("checkpoint", ".checkpoints:CheckpointsReconciler"),
 }
 
 

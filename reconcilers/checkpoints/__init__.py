@@ -28,7 +28,7 @@ DEFAULT_OBSERVE_TIMEOUT = "60s"
 
 class CheckpointsReconciler(Reconciler):
     key = "checkpoints"
-    kind = "checkpoints"
+    kind = "checkpoint"
     rank = 45  # after mounts (30) and extractions (40): a run directory is usually on a mount
     volatile_drift = ("max_age",)  # the age of the newest whole step grows by itself
 
@@ -48,7 +48,7 @@ class CheckpointsReconciler(Reconciler):
                 "model_only": bool(spec.get("model_only", False)),
                 "observe_timeout": parse_duration(spec.get("observe_timeout", DEFAULT_OBSERVE_TIMEOUT)),
             }
-            out.append(Resource(id=f"checkpoints:{name}", kind=self.kind, name=name, spec=norm,
+            out.append(Resource(id=f"checkpoint:{name}", kind=self.kind, name=name, spec=norm,
                                 needs=tuple(spec.get("needs", ()))))
         return out
 
