@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from typing import Any
 
 from ...pipeline.atomic import write_json
 from ...pipeline.contract import ApplyError, utc_iso
+from ..extractions.quarantine import new_quarantine_dir
 from .observed import QUARANTINE, CheckpointsObserved
 from .survey import survey
 
@@ -37,12 +37,7 @@ def _inside(root: str, rel: str) -> str:
 
 
 def _qdir(root: str) -> str:
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    qdir = os.path.join(root, QUARANTINE, stamp)
-    n = 1
-    while os.path.exists(qdir):
-        n += 1
-        qdir = os.path.join(root, QUARANTINE, f"{stamp}-{n}")
+    qdir = new_quarantine_dir(root, QUARANTINE)  # the extraction kind's naming, its own folder name
     os.makedirs(qdir)
     return qdir
 

@@ -62,6 +62,18 @@ class MoveRecords:
             self.fd = None
 
 
+def new_quarantine_dir(root: str, folder: str) -> str:
+    """A folder name not yet taken under ROOT/FOLDER for one quarantine: the UTC time, `-2`, `-3`
+    ... after it when two quarantines fall in one second (not created here)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    qdir = os.path.join(root, folder, stamp)
+    n = 1
+    while os.path.exists(qdir):
+        n += 1
+        qdir = os.path.join(root, folder, f"{stamp}-{n}")
+    return qdir
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -82,12 +94,7 @@ def quarantine(resource: Resource, files: Iterable[dict[str, Any]]) -> str:
     of what was moved and why. Each file is checked again first, reading all of it (the depth
     that can have found it damaged): one found whole now, gone, or unreadable is left where it is."""
     root = resource.spec["dir"]
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    qdir = os.path.join(root, QUARANTINE, stamp)
-    n = 1
-    while os.path.exists(qdir):
-        n += 1
-        qdir = os.path.join(root, QUARANTINE, f"{stamp}-{n}")
+    qdir = new_quarantine_dir(root, QUARANTINE)
     moved: list[dict[str, Any]] = []
     skipped: list[str] = []
     records = MoveRecords(qdir)
