@@ -83,7 +83,8 @@ attributes:
   platform:
     platforms: posix
 notes:
-  - reconcile must be installed on the target; it is not on PyPI (C(pip install reconcile_host-*.whl), the wheel C(pip wheel --no-deps) builds from a checkout, or C(pip install 'reconcile-host @ git+URL')).
+  - reconcile must be installed on the target; it is not on PyPI (C(pip install reconcile_host-*.whl), the wheel
+    C(pip wheel --no-deps) builds from a checkout, or C(pip install 'reconcile-host @ git+URL')).
   - The state text travels in the module's arguments and is written to no file on the target.
   - Templating may move lines, so positions in error messages refer to the rendered text.
 requirements:
