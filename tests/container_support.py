@@ -26,6 +26,7 @@ but the real tests hold reconcile to what CI runs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 DOCKERD = "/usr/sbin/dockerd"
@@ -231,3 +233,20 @@ def policy(inspected: dict) -> str:
     p = inspected["HostConfig"]["RestartPolicy"]
     name = p.get("Name") or "no"
     return f"{name}:{p['MaximumRetryCount']}" if name == "on-failure" and p.get("MaximumRetryCount") else name
+
+
+@contextlib.contextmanager
+def fresh_names(remove):
+    """new(prefix) -> a container name no other test uses; every name handed out is passed to
+    remove(*names) at the end, whatever the test did with it."""
+    made: list[str] = []
+
+    def new(prefix: str = "c") -> str:
+        made.append(f"{prefix}-{uuid.uuid4().hex[:8]}")
+        return made[-1]
+
+    try:
+        yield new
+    finally:
+        if made:
+            remove(*made)

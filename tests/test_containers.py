@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import uuid
 from pathlib import Path
 
 import container_support as cs
@@ -39,15 +38,8 @@ def podman_store():
 
 @pytest.fixture
 def names(dockerd):
-    made: list[str] = []
-
-    def new(prefix: str = "c") -> str:
-        made.append(f"{prefix}-{uuid.uuid4().hex[:8]}")
-        return made[-1]
-
-    yield new
-    if made:
-        dockerd.docker("rm", "-f", *made, check=False)
+    with cs.fresh_names(lambda *made: dockerd.docker("rm", "-f", *made, check=False)) as new:
+        yield new
 
 
 def reconcile(tmp, dockerd, podman_store, state: str, *args: str, **env: str):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import uuid
 from pathlib import Path
 
 import container_support as cs
@@ -29,15 +28,8 @@ def podman():
 
 @pytest.fixture
 def names(podman):
-    made: list[str] = []
-
-    def new(prefix: str = "c") -> str:
-        made.append(f"{prefix}-{uuid.uuid4().hex[:8]}")
-        return made[-1]
-
-    yield new
-    if made:
-        podman.podman("rm", "-f", "-t", "0", *made, check=False)
+    with cs.fresh_names(lambda *made: podman.podman("rm", "-f", "-t", "0", *made, check=False)) as new:
+        yield new
 
 
 def reconcile(tmp: Path, podman, state: str, *args: str, **env: str):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import jsonschema
 import pytest
 from cli_support import run_cli
 from ssh_support import free_port, sshd  # noqa: F401  (the fixture)
+from test_inventory import remote_command
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = json.loads((ROOT / "schema" / "report.schema.json").read_text())
@@ -170,10 +170,6 @@ def test_a_bad_machine_id_is_a_position(tmp_path):
 
 
 # --- remote ------------------------------------------------------------------------------
-
-def remote_command(tmp: Path) -> str:
-    return f"env RECONCILE_CACHE_DIR={tmp / 'remote-cache'} {sys.executable} -m reconcile_host"
-
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_an_unreachable_host_is_a_report(tmp_path, fmt):
