@@ -5,7 +5,7 @@ import sys
 
 def main() -> None:
     args = sys.argv[1:]
-    # The handshake of --host/--via (machines/remote.py) asks every target this before an apply:
+    # The handshake of --host/--via (doors/remote.py) asks every target this before an apply:
     # answered without importing click and the CLI, a third of the interpreter's start-up.
     if args == ["version", "--json"]:
         import json

@@ -31,7 +31,7 @@ from .commands import (  # noqa: F401  (EXIT_DRIFT, exit_now: the commands' name
 
 
 def parse_duration_option(value: str, flag: str) -> float:
-    from .pipeline.values import parse_duration
+    from .core.values import parse_duration
 
     try:
         return parse_duration(value)
@@ -146,7 +146,7 @@ LOCAL_KEYS = ("file", "fmt", "verbose", "dry_run", "journal_path", "lock_timeout
 
 
 def _remote_options(fn):
-    """Run on other machines instead (machines/remote.py, machines/inventory.py): --host, --via,
+    """Run on other machines instead (doors/remote.py, doors/inventory.py): --host, --via,
     --inventory and their settings; also --state-label, which the far side is called with."""
     import functools
 
@@ -163,8 +163,8 @@ def _remote_options(fn):
             return fn(**kw)
         from click.core import ParameterSource
 
-        from . import machines
-        from .machines import remote
+        from . import doors
+        from .doors import remote
 
         given = {k for k in kw if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE,
                                                                  ParameterSource.ENVIRONMENT)}
@@ -172,7 +172,7 @@ def _remote_options(fn):
         opts = remote.RemoteOptions(**{**picked, "ssh_options": tuple(picked["ssh_options"])},
                                     extra={p.opts[0]: kw[p.name] for p in ctx.command.params
                                            if p.name in given and p.name not in LOCAL_KEYS})
-        sys.exit(machines.run_elsewhere(fn.__name__, kw.get("file"), kw["fmt"], kw["verbose"], opts,
+        sys.exit(doors.run_elsewhere(fn.__name__, kw.get("file"), kw["fmt"], kw["verbose"], opts,
                              dry_run=kw.get("dry_run", False), journal=kw.get("journal_path"),
                              lock_timeout=kw.get("lock_timeout") if "lock_timeout" in given else None))
 
@@ -263,10 +263,10 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
         _finish(report, fmt, verbose)
     # Observing may start while the state is built only when nothing will be changed: apply
     # proper observes after taking its lock, so it never acts on what another apply changed.
-    from .machines.host import Host
+    from .local.host import LocalHost
     from .views.progress import attach
 
-    host = attach(Host(), fmt)  # the progress line on a terminal (views/progress.py)
+    host = attach(LocalHost(), fmt)  # the progress line on a terminal (views/progress.py)
     prefetch = Prefetch(host) if dry_run else None
     state = load_state(path, prefetch, fmt, "apply", dry_run)
     if prefetch is not None:
@@ -339,7 +339,7 @@ def log_command(journal_path: str | None, since: str | None, until: str | None, 
 
     if host or via or inventory:
         from .commands import run_log_elsewhere
-        from .machines.remote import RemoteOptions
+        from .doors.remote import RemoteOptions
 
         opts = RemoteOptions(host=host, via=via, inventory=inventory, limit=limit, remote_command=remote_command,
                              ssh_options=ssh_options, connect_timeout=connect_timeout)
@@ -422,11 +422,11 @@ def watch(file: str | None, interval: str, journal_path: str | None, lock_timeou
 def slurm_health(file: str | None, node: str | None, do_apply: bool, deadline: str, journal_path: str | None,
                  scontrol: str) -> None:
     """Slurm's HealthCheckProgram: drain the node when a resource is blocked or cannot be
-    observed, resume it once converged if reconcile drained it (machines/slurm.py).
+    observed, resume it once converged if reconcile drained it (doors/slurm.py).
 
     Exit 0: healthy (or another run in progress); 1: not healthy, or Slurm could not be told.
     """
-    from .machines import slurm
+    from .doors import slurm
 
     slurm.prepare_environment()
     limit = parse_duration_option(deadline, "--deadline")

@@ -146,14 +146,14 @@ def run_diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, st
     # module's objects again and again while they are imported (and the forked observers'
     # copies of the pages they sit on). Reference counting still frees what is dropped.
     gc.disable()
-    from .machines.host import Host
+    from .local.host import LocalHost
     from .pipeline.engine import Engine, HostMismatch, Prefetch
     from .views import render
     from .views.progress import attach
 
     # Kinds observed in children start while the state is being built; the host carries the
     # progress line when stderr is a terminal (views/progress.py).
-    prefetch = Prefetch(attach(Host(), fmt))
+    prefetch = Prefetch(attach(LocalHost(), fmt))
     state = load_state(resolve_state_file(file), prefetch, fmt, state_label=state_label)
     engine = Engine(state, prefetch.host, prefetch=prefetch)
     try:
@@ -171,7 +171,7 @@ def run_diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, st
 
 
 def save_plan(report, out_path: str) -> None:
-    from .pipeline.contract import Status
+    from .core.contract import Status
     from .pipeline.plans import write_plan
     from .pipeline.report import to_json
 
@@ -201,7 +201,7 @@ def read_plain_diff(args: Sequence[str], environ: Mapping[str, str]) -> dict[str
     most once: run_diff's arguments, as click's parser gives them for the same words. None for
     anything else (`--`, --help, --out, remote options, a mistake): click reads those.
 
-    `--state-label NAME -` is what a remote diff runs on every target (machines/remote.py,
+    `--state-label NAME -` is what a remote diff runs on every target (doors/remote.py,
     Request.args): a hundred hosts each save click's import."""
     if COMPLETE_VAR in environ:
         return None
@@ -277,7 +277,7 @@ def parse_when(value: str | None, flag: str, now: float) -> float | None:
         return None
     from datetime import datetime, timezone
 
-    from .pipeline.values import parse_duration
+    from .core.values import parse_duration
 
     try:
         return now - parse_duration(value)
@@ -350,7 +350,7 @@ def run_log_elsewhere(opts, journal_path: str | None, since: str | None, until: 
     error; exit 1 when any host's journal could not be read."""
     import json
 
-    from .machines import remote, remote_log
+    from .doors import remote, remote_log
     from .pipeline.statefile import StateFileError
     from .views import log as logview
     from .views.text import Style

@@ -9,7 +9,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LAYERS = ("pipeline", "reconcilers", "machines", "views", "schema")
+LAYERS = ("core", "local", "common", "reconcilers", "pipeline", "views", "doors", "schema")
 
 
 def packages() -> list[str]:

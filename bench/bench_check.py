@@ -42,7 +42,8 @@ TREE_PATTERN = "rows_{group}/data_{index}.ckpt"
 
 
 def _imports():
-    from reconcile_host.reconcilers.extractions import integrity, pool, tally
+    from reconcile_host.common.filechecks import integrity
+    from reconcile_host.reconcilers.extractions import pool, tally
     from reconcile_host.reconcilers.extractions.listing import list_tree
 
     return integrity, pool, tally, list_tree
@@ -265,7 +266,7 @@ def observe_cold(root: Path, n: int, state: Path, workers: int | None) -> tuple[
     if workers:
         env["RECONCILE_CHECK_WORKERS"] = str(workers)
     shutil.rmtree(state, ignore_errors=True)
-    code = ("import sys, time; from reconcile_host.machines.host import Host; "
+    code = ("import sys, time; from reconcile_host.local.host import LocalHost; "
             "from reconcile_host.reconcilers.extractions import ExtractionsReconciler as E; "
             "rec = E(); (r,) = rec.resources({'b': {'dir': sys.argv[1], 'total': int(sys.argv[2])}}); "
             "t = time.perf_counter(); o = rec.observe(Host(), [r])[r.id]; w = time.perf_counter() - t; "

@@ -30,9 +30,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from common import median_time as median  # noqa: E402
 from fake_extract import ckpt_bytes, torch_pickle  # noqa: E402
-from reconcile_host.reconcilers.extractions.integrity import CONTENT, STRUCTURE, check_path  # noqa: E402
+from reconcile_host.common.filechecks.integrity import CONTENT, STRUCTURE, check_path  # noqa: E402
+
+from common import median_time as median  # noqa: E402
 
 
 def bf16_like(n: int) -> bytes:
@@ -99,7 +100,7 @@ def tree(root: Path, n: int, rate: float, start: int = 0, end_at: float | None =
 
 
 def share(base: Path, n: int, rate: float, more: int) -> None:
-    from reconcile_host.machines.host import Host
+    from reconcile_host.local.host import LocalHost
     from reconcile_host.reconcilers.extractions import ExtractionsReconciler
 
     root = base / "hs"
@@ -113,7 +114,7 @@ def share(base: Path, n: int, rate: float, more: int) -> None:
     (r,) = rec.resources({"x": {"dir": str(root), "total": n + more, "resume": {"command": ["true"]}}})
 
     def run(label: str) -> None:
-        obs = rec.observe(Host(), [r])[r.id]
+        obs = rec.observe(LocalHost(), [r])[r.id]
         print(f"{label:52} {obs.files:>7,} {obs.checked:>8,} {obs.content_checked:>8,} "
               f"{100 * obs.content_checked / obs.files:6.1f}%")
 

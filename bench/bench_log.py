@@ -25,7 +25,7 @@ from common import median_time as timed
 
 def write_journal(path: str, lines: int) -> str:
     """Runs of 4 actions (12 lines) one a minute, newest last; returns the id of a recent run."""
-    from reconcile_host.pipeline.contract import utc_iso
+    from reconcile_host.core.contract import utc_iso
 
     now = time.time()
     runs = lines // 13 + 1

@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from common import median_time as timed  # noqa: E402
 from fake_extract import ckpt_bytes  # noqa: E402
-from reconcile_host.machines.host import Host  # noqa: E402
+from reconcile_host.local.host import LocalHost  # noqa: E402
 from reconcile_host.reconcilers.extractions import ExtractionsReconciler  # noqa: E402
 from reconcile_host.reconcilers.extractions.listing import scan  # noqa: E402
+
+from common import median_time as timed  # noqa: E402
 
 
 def generate(root: Path, n: int, group: int = 2000) -> None:
@@ -55,7 +56,7 @@ def bench(n: int, runs: int, base: str | None) -> list[tuple[str, int, float]]:
         t0 = time.perf_counter()
         generate(work / "hs", n)
         print(f"generated {n:,} files in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-        rec, host = ExtractionsReconciler(), Host()
+        rec, host = ExtractionsReconciler(), LocalHost()
         rows.append(("scan names only (os.scandir)", n,
                      timed(lambda: scan(str(work / "hs"), "rows_{group}/data_{index}.ckpt", n), runs)))
         for verify in ("none", "recent", "all"):

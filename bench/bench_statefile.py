@@ -18,8 +18,9 @@ import subprocess
 import sys
 import tempfile
 
-from common import median_time as timed
 from reconcile_host.pipeline.statefile import StateFileError, load
+
+from common import median_time as timed
 
 
 def units(n: int, needs: bool = False) -> str:

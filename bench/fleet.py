@@ -21,10 +21,11 @@ import subprocess
 import time
 
 from cgroups import Group
-from common import PEERS, VLLM, log
 from install import registered_kinds
 from samples import generate_files
 from scenario import Scenario
+
+from common import PEERS, VLLM, log
 
 SSHD = "/usr/sbin/sshd"
 PORTS_PER_SSHD = 16  # sshd's MAX_LISTEN_SOCKS

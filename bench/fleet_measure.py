@@ -11,8 +11,9 @@ import subprocess
 import time
 
 from cgroups import Group
-from common import TARGET_FLEET_ANSIBLE, TARGET_FLEET_PYINFRA, log, median
 from fleet import FleetScenario
+
+from common import TARGET_FLEET_ANSIBLE, TARGET_FLEET_PYINFRA, log, median
 
 
 class Fleet(FleetScenario):

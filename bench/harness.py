@@ -84,11 +84,11 @@ def inner_scan(job: dict) -> dict:
     """Time reconcile's extraction scan in-process (no interpreter start-up)."""
     sys.path.insert(0, str(HERE))
     os.environ.update(job["env"])
-    from reconcile_host.machines.host import Host
+    from reconcile_host.local.host import LocalHost
     from reconcile_host.reconcilers.extractions import ExtractionsReconciler
     from reconcile_host.reconcilers.extractions.listing import list_tree
 
-    rec, host = ExtractionsReconciler(), Host()
+    rec, host = ExtractionsReconciler(), LocalHost()
     (res,) = rec.resources({"kimi-k25-eagle3": {"dir": job["dir"], "total": job["total"], "verify": job["verify"]}})
     out: dict = {}
 

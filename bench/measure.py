@@ -8,6 +8,9 @@ import re
 import time
 from pathlib import Path
 
+from samples import generate_files
+from scenario import Scenario
+
 from common import (
     GPU_COUNT,
     PEERS,
@@ -22,8 +25,6 @@ from common import (
     log,
     median,
 )
-from samples import generate_files
-from scenario import Scenario
 
 
 class Bench(Scenario):

@@ -28,11 +28,12 @@ import os
 import sys
 import time
 
-from common import RESULTS, SEED_TOTAL, log, parse_list
 from fleet_measure import Fleet
 from harness import inner
 from install import ensure_peers, install_reconcile
 from measure import Bench
+
+from common import RESULTS, SEED_TOTAL, log, parse_list
 
 
 def main() -> None:

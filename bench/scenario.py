@@ -13,6 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from install import reconcile_cmd, registered_kinds
+from samples import generate_files
+
 from common import (
     GPU_COUNT,
     GPU_TOTAL_MIB,
@@ -28,8 +31,6 @@ from common import (
     log,
     median,
 )
-from install import reconcile_cmd, registered_kinds
-from samples import generate_files
 
 
 class Scenario:

@@ -16,9 +16,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..machines.host import ForkedChild, Host, collect_children, split_beats
-from ..reconcilers import key_of, reconciler_for
-from .contract import (
+from ..core.contract import (
     Action,
     ActionResult,
     ApplyError,
@@ -33,9 +31,12 @@ from .contract import (
     to_plain,
     utc_iso,
 )
+from ..core.host import Host
+from ..core.values import format_duration
+from ..local.host import ForkedChild, LocalHost, collect_children, split_beats
+from ..reconcilers import key_of, reconciler_for
 from .report import ResourceReport, RunReport
 from .statefile import LoadedState
-from .values import format_duration
 
 # A resource is worked on in passes (plan, act, observe) until nothing is left to do,
 # like a controller requeueing: some fixes only show their next step once the first is
@@ -144,7 +145,7 @@ class Prefetch:
     commands only (diff, apply --dry-run): apply observes after taking its lock."""
 
     def __init__(self, host: Host | None = None):
-        self.host = host or Host()
+        self.host = host or LocalHost()
         self._started: dict[frozenset[str], tuple[ForkedChild, float]] = {}
 
     def __call__(self, rec: Reconciler, resources: Sequence[Resource]) -> None:
@@ -165,7 +166,7 @@ class Engine:
                  journal: Callable[[dict[str, Any]], None] | None = None,
                  clock: Callable[[], float] = time.time, prefetch: Prefetch | None = None):
         self.state = state
-        self.host = host or Host()
+        self.host = host or LocalHost()
         self.prefetch = prefetch
         self.journal = journal
         self.clock = clock

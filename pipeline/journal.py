@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contract import utc_iso
-from .paths import default_journal_path
+from ..core.contract import utc_iso
+from ..core.paths import default_journal_path
 
 # Bounded growth: a journal is rotated when it reaches MAX_BYTES or its first line is MAX_AGE_S old,
 # keeping KEEP rotated files (logrotate's `size`, `maxage`, `rotate`); $RECONCILE_JOURNAL_MAX_BYTES,
@@ -37,7 +37,7 @@ class Rotation:
 
     @classmethod
     def from_env(cls) -> Rotation:
-        from .values import parse_duration
+        from ..core.values import parse_duration
 
         env = os.environ
         try:

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from .report import RunReport
 
 from .. import FORMAT_VERSION, __version__
-from .contract import utc_iso
-from .values import format_value
+from ..core.contract import utc_iso
+from ..core.values import format_value
 
 PLAN_FORMAT = "1"
 _SNIFF_BYTES = 4096
@@ -117,7 +117,7 @@ def make_plan(doc: dict[str, Any], state_path: str, created: float | None = None
 
 def write_plan(doc: dict[str, Any], state_path: str, out: str | os.PathLike) -> dict[str, Any]:
     """Write the plan atomically (a half-written plan must never be applied)."""
-    from .atomic import write_json
+    from ..core.atomic import write_json
 
     plan = make_plan(doc, state_path)
     write_json(out, plan, indent=2)
@@ -309,7 +309,7 @@ def apply_saved_plan(path: str, *, dry_run: bool = False, journal_path: str | No
                      lock_wait: float = 0.0) -> RunReport:
     """Check the plan still holds, then carry out its actions and nothing else. Returns the run's
     report; raises PlanError (exit 1) when the plan is refused."""
-    from ..machines.host import Host
+    from ..local.host import LocalHost
     from .engine import Engine, HostMismatch
     from .journal import Journal, LockError
     from .report import to_json
@@ -330,7 +330,7 @@ def apply_saved_plan(path: str, *, dry_run: bool = False, journal_path: str | No
         state = load(state_path)
     except StateFileError as exc:
         raise PlanError("\n".join(exc.problems)) from None
-    host = Host()
+    host = LocalHost()
     hostname = host.hostname()
     if hostname != plan["host"]:
         raise PlanError(f"refusing the saved plan {path}: it was made on {plan['host']!r}, this host is {hostname!r}")

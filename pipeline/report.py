@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import FORMAT_VERSION, __version__
-from .contract import ActionResult, Drift, Resource, Result, Status, to_plain
+from ..core.contract import ActionResult, Drift, Resource, Result, Status, to_plain
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from .contract import utc_iso
+from ..core.contract import utc_iso
 
 MAX_BACKOFF = 600.0
 
@@ -104,7 +104,7 @@ class Watcher:
 
     def one_pass(self) -> float:
         """One observe-apply-verify pass; returns how long to wait before the next."""
-        from .contract import Result, Status
+        from ..core.contract import Result, Status
         from .engine import Engine, HostMismatch
         from .journal import Lock, LockError, LockHeld
 
@@ -206,7 +206,7 @@ class Watcher:
 
     def _record(self, resources: Any, started: float, interrupted: bool = False) -> None:
         """The journal line of a pass that changed something (the engine wrote one per action)."""
-        from .contract import Result
+        from ..core.contract import Result
 
         changed = [r for r in resources if any(a.result in (Result.DONE, Result.FAILED) for a in r.actions)]
         if not changed:

@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from ..pipeline.contract import Reconciler
+    from ..core.contract import Reconciler
 
 
 class Kind(NamedTuple):

@@ -86,12 +86,12 @@ def age(path: Path, seconds: float = 3600) -> None:
 
 def observe(spec: dict, name: str = "eagle3"):
     """ExtractionsReconciler.observe in this process (RECONCILE_STATE_DIR must be set)."""
-    from reconcile_host.machines.host import Host
+    from reconcile_host.local.host import LocalHost
     from reconcile_host.reconcilers.extractions import ExtractionsReconciler
 
     rec = ExtractionsReconciler()
     (r,) = rec.resources({name: spec})
-    obs = rec.observe(Host(), [r])[r.id]
+    obs = rec.observe(LocalHost(), [r])[r.id]
     if isinstance(obs, Exception):
         raise obs
     return obs

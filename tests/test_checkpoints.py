@@ -11,7 +11,7 @@ from pathlib import Path
 import checkpoints_support as cs
 import pytest
 from cli_support import report_of, run_cli
-from reconcile_host.pipeline.contract import Context, Resource
+from reconcile_host.core.contract import Context, Resource
 from reconcile_host.reconcilers.checkpoints import CheckpointsReconciler
 from reconcile_host.reconcilers.checkpoints.observed import CheckpointsObserved, StepObserved
 from torch_support import need, torch_python

@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from reconcile_host.pipeline.contract import CommandResult, Context, ObserveError, Resource
+from host_doubles import ScriptedHost
+from reconcile_host.core.contract import Context, ObserveError, Resource
+from reconcile_host.core.host import CommandResult
 from reconcile_host.pipeline.engine import judge
 from reconcile_host.reconcilers.containers import ContainersReconciler
 from reconcile_host.reconcilers.containers.cgroup import container_of_cgroup, service_of_cgroup
@@ -21,16 +23,14 @@ R = ContainersReconciler()
 ID = "a" * 64
 
 
-class Replay:
+class Replay(ScriptedHost):
     """Answers each command with a captured (returncode, stdout file, stderr file)."""
 
-    prefix = ()
-
     def __init__(self, answers):
+        super().__init__()
         self.answers = answers
-        self.calls = []
 
-    def run(self, argv, timeout=None):
+    def run(self, argv, timeout=30.0, env=None, input=None):
         self.calls.append(list(argv))
         rc, out, err = self.answers[argv[0]] if argv[1] == "inspect" else self.answers[(argv[0], argv[1])]
         text = lambda f: (DATA / f).read_text() if f else ""  # noqa: E731
@@ -247,16 +247,11 @@ def test_a_container_its_engine_cannot_name_is_blocked():
     assert not actions and "nothing was signalled" in blocked[0] and "Cannot connect" in blocked[0]
 
 
-class Say:
+class Say(ScriptedHost):
     """A host whose every command prints STDOUT and exits RC."""
 
-    prefix = ()
-
     def __init__(self, rc: int, stdout: str, stderr: str = ""):
-        self.rc, self.stdout, self.stderr = rc, stdout, stderr
-
-    def run(self, argv, timeout=None):
-        return CommandResult(tuple(argv), self.rc, self.stdout, self.stderr)
+        super().__init__(lambda argv: CommandResult(tuple(argv), rc, stdout, stderr))
 
 
 def test_compose_selector():

@@ -134,7 +134,7 @@ def test_yaml_block_is_a_valid_state_file_or_inventory(block: Block, tmp_path):
     assert isinstance(doc, dict), f"{block.where}: not a mapping; a fragment? mark it <!-- fragment -->"
     path = tmp_path / "pasted.yaml"
     if "hosts" in doc and "version" in doc:
-        from reconcile_host.machines.inventory import load_inventory
+        from reconcile_host.doors.inventory import load_inventory
         from reconcile_host.pipeline.statefile import StateFileError
 
         path.write_text(block.text)

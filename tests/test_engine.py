@@ -9,7 +9,8 @@ import os
 from dataclasses import dataclass
 
 import pytest
-from reconcile_host.pipeline.contract import Action, ApplyError, Drift, ObserveError, Plan, Reconciler, Resource
+from host_doubles import ScriptedHost
+from reconcile_host.core.contract import Action, ApplyError, Drift, ObserveError, Plan, Reconciler, Resource
 from reconcile_host.pipeline.engine import ActionLog, Engine
 from reconcile_host.pipeline.statefile import LoadedState, order_resources
 from reconcile_host.reconcilers import KINDS, Kind
@@ -71,9 +72,9 @@ def toy_kind(monkeypatch):
     yield
 
 
-class Host:
-    def hostname(self):
-        return "toy-host"
+class Host(ScriptedHost):
+    def __init__(self):
+        super().__init__(name="toy-host")
 
 
 def state(*resources: Resource, host: str | None = None) -> LoadedState:
@@ -300,7 +301,7 @@ class ChildToyReconciler(ToyReconciler):
 
 
 def child_engine(monkeypatch, *resources):
-    from reconcile_host.machines.host import Host as RealHost
+    from reconcile_host.local.host import LocalHost as RealHost
 
     monkeypatch.setitem(KINDS, "childs", Kind("child", "test_engine:ChildToyReconciler"))
     return Engine(state(*resources), RealHost())
@@ -386,8 +387,8 @@ def test_heartbeats_waiting_in_the_pipe_count_when_the_caller_comes_late():
     before judging it: a child that kept making progress is not cut short."""
     import time
 
-    from reconcile_host.machines.host import Host as RealHost
-    from reconcile_host.machines.host import collect_children
+    from reconcile_host.local.host import LocalHost as RealHost
+    from reconcile_host.local.host import collect_children
 
     child = RealHost().fork_call(_beat_then_answer)
     time.sleep(0.4)  # the caller is busy: the child's first deadline (0.2 s) passes unread
@@ -409,7 +410,7 @@ def test_a_child_is_reaped_as_it_exits_and_waited_for_no_longer_than_asked():
     EOF), and None at the deadline for one that stays (a child stuck in D-state cannot be reaped)."""
     import time
 
-    from reconcile_host.machines.host import Host as RealHost
+    from reconcile_host.local.host import LocalHost as RealHost
 
     child = RealHost().fork_call(_answer_then_linger, 0.3)
     assert child.stdout.read() == b"answer"

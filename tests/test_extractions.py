@@ -132,7 +132,7 @@ def test_resume_command_detached_and_logged(tmp_path):
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         if stat[0] != "Z":
             # Its own session (setsid), detached from reconcile: led by its reaper, its parent,
-            # which records how it ends (machines/host.py).
+            # which records how it ends (local/host.py).
             assert int(stat[3]) == int(stat[1]) != os.getsid(0)
             assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1] == FAKE_EXTRACT.encode()
         # A second apply while it runs does not start another one.

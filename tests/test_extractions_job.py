@@ -1,7 +1,7 @@
 """A resume command that exits at once: one apply starts it once, and says how it ended.
 
 The command is real (a Python script that counts its runs in a file, prints a line and exits 3),
-started by reconcile through its reaper (machines/host.py); the expected exit status and log line
+started by reconcile through its reaper (local/host.py); the expected exit status and log line
 are what the same command gives when the test runs it itself. Whether the job has ended before
 reconcile looks again is made certain by controlling the work, never by a sleep: in the engine
 test, the host's spawn returns only once the job has ended (its reaper wrote how).
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cli_support import wait_for
 from extraction_support import cli, resource, state_yaml
-from reconcile_host.machines.host import Host
+from reconcile_host.local.host import LocalHost
 from reconcile_host.pipeline.engine import Engine
 from reconcile_host.pipeline.journal import Journal
 from reconcile_host.pipeline.statefile import load
@@ -44,7 +44,7 @@ def _starts(journal: Path) -> list[tuple[str, str]]:
             if e.get("action") == "start"]
 
 
-class EndedFirst(Host):
+class EndedFirst(LocalHost):
     """The real host, whose detached start returns once the job has ended (its reaper wrote how):
     so the engine's next look finds it gone, as after a job that exits at once on a busy host."""
 

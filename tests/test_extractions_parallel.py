@@ -21,7 +21,7 @@ import zipfile
 
 import pytest
 from extraction_support import write_sample
-from reconcile_host.machines.host import Host
+from reconcile_host.local.host import LocalHost
 from reconcile_host.reconcilers.extractions import ExtractionsReconciler, pool, tally
 
 N = 2600  # above tally.POOL_MIN_INDICES: the pool is used when workers are allowed
@@ -86,7 +86,7 @@ def _observe(tmp, root, workers: int, verify: str, boot: str) -> tuple[dict, dic
     rec = ExtractionsReconciler()
     (r,) = rec.resources({"x": {"dir": str(root), "pattern": "rows_{group}/data_{index}.ckpt", "total": N + 5,
                                 "verify": verify, "resume": {"command": ["true"]}}})
-    obs = rec.observe(Host(), [r])[r.id]
+    obs = rec.observe(LocalHost(), [r])[r.id]
     record = json.loads((state / "extractions" / "x.check.json").read_text())
     record.pop("checked_at")
     return dict(obs.__dict__), record
@@ -279,7 +279,7 @@ def test_the_fast_crc32_is_zlibs(tmp_path, monkeypatch):
     import random
     import zlib
 
-    from reconcile_host.reconcilers.extractions import integrity
+    from reconcile_host.common.filechecks import integrity
 
     isal = pytest.importorskip("isal.isal_zlib")
     monkeypatch.setattr(integrity, "_CRC32", None)

@@ -12,9 +12,7 @@ import zlib
 
 import pytest
 from extraction_support import write_sample, write_samples
-from reconcile_host.pipeline.contract import Context
-from reconcile_host.reconcilers.extractions import Damaged, ExtractionObserved, ExtractionsReconciler
-from reconcile_host.reconcilers.extractions.integrity import (
+from reconcile_host.common.filechecks.integrity import (
     CONTENT,
     DAMAGED,
     GONE,
@@ -23,6 +21,8 @@ from reconcile_host.reconcilers.extractions.integrity import (
     WHOLE,
     check_path,
 )
+from reconcile_host.core.contract import Context
+from reconcile_host.reconcilers.extractions import Damaged, ExtractionObserved, ExtractionsReconciler
 from reconcile_host.reconcilers.extractions.job import JobObserved
 from reconcile_host.reconcilers.extractions.listing import compile_pattern, scan
 from reconcile_host.reconcilers.extractions.ranges import format_ranges, to_ranges
@@ -114,7 +114,7 @@ def test_archive_zipfile_refuses_with_an_exception_is_a_damaged_file(tmp_path):
 
 
 def test_an_exception_in_a_checker_is_that_file_damaged(tmp_path, monkeypatch):
-    from reconcile_host.reconcilers.extractions import integrity
+    from reconcile_host.common.filechecks import integrity
 
     path = write_sample(tmp_path, 3)
     for exc in (MemoryError(), OverflowError("int too large"), struct.error("unpack"), RecursionError()):
@@ -143,7 +143,7 @@ def test_read_error_midway_is_unreadable(tmp_path, monkeypatch):
     filesystem, is in tests/test_extractions_integrity.py)."""
     import errno
 
-    from reconcile_host.reconcilers.extractions import integrity
+    from reconcile_host.common.filechecks import integrity
 
     path = write_sample(tmp_path, 3, size=8192)
 
@@ -229,7 +229,7 @@ def test_crc_of_a_range_from_running_crcs():
     import random
     import zlib
 
-    from reconcile_host.reconcilers.extractions.gzipstream import crc_of_suffix
+    from reconcile_host.common.filechecks.gzipstream import crc_of_suffix
 
     rng = random.Random(5)
     for _ in range(200):
@@ -258,7 +258,7 @@ def _gzip_variants(payload: bytes) -> list[bytes]:
 def test_gzip_rules_are_cpythons(tmp_path):
     """What follows the last member, truncation, flips: our streaming reader accepts exactly
     what `gzip.open(p).read()` (SpecForge's reader) accepts, with the same content."""
-    from reconcile_host.reconcilers.extractions.gzipstream import GzipDamage, decompress
+    from reconcile_host.common.filechecks.gzipstream import GzipDamage, decompress
 
     payload = write_sample(tmp_path, 1, size=20000).read_bytes()
     for n, data in enumerate(_gzip_variants(payload)):
@@ -285,7 +285,7 @@ def test_zip_stream_serves_what_the_zip_check_needs(tmp_path, chunk):
     every local header, as a file would give them."""
     import zlib
 
-    from reconcile_host.reconcilers.extractions.gzipstream import ZipStream
+    from reconcile_host.common.filechecks.gzipstream import ZipStream
 
     data = write_sample(tmp_path, 1, size=9000).read_bytes()
     s = ZipStream()
@@ -394,7 +394,7 @@ def test_min_done_defaults_to_total():
 
 
 def test_observation_serialises():
-    from reconcile_host.pipeline.contract import to_plain
+    from reconcile_host.core.contract import to_plain
 
     text = json.dumps(to_plain(observed(damaged=[Damaged("a", "b", 1, 2.0)])))
     assert json.loads(text)["damaged"][0]["reason"] == "b"

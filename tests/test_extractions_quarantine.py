@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from extraction_support import cli, env_for, resource, state_yaml, write_sample, write_samples
-from reconcile_host.reconcilers.extractions.integrity import CONTENT, check_path
+from reconcile_host.common.filechecks.integrity import CONTENT, check_path
 
 QDIR = ".reconcile-quarantine"
 DAMAGED = 730  # more than the 724 moves of the largest kill seen

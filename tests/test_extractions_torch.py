@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import sample_damage
 import torch_support as ts
-from reconcile_host.reconcilers.extractions.integrity import CONTENT, STRUCTURE, check_path
+from reconcile_host.common.filechecks.integrity import CONTENT, STRUCTURE, check_path
 
 # name, writer ("new": torch 2.x, "old": torch 1.13), format, T tokens, H hidden, dtype, CRCs, full plan
 CORPUS = [
@@ -149,7 +149,7 @@ def _render(table: dict[tuple[str, str], Counter], versions: dict[str, str]) -> 
 
 def test_allowed_globals_are_torchs_own():
     """torchpickle's allow-list is torch.load(weights_only=True)'s: 2.13's, and 1.13's (one more)."""
-    from reconcile_host.reconcilers.extractions.torchpickle import ALLOWED_GLOBALS
+    from reconcile_host.common.filechecks.torchpickle import ALLOWED_GLOBALS
 
     code = "from torch._weights_only_unpickler import _get_allowed_globals as g; print('\\n'.join(sorted(g())))"
     both = set()

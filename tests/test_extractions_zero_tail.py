@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch_support as ts
-from reconcile_host.reconcilers.extractions.integrity import CONTENT, STRUCTURE, check_path
+from reconcile_host.common.filechecks.integrity import CONTENT, STRUCTURE, check_path
 
 # (layout, T, H, dtype, copies): the last two are SpecForge's full size (~64 MiB each)
 SAMPLES = [(layout, t, h, dtype, 60)

@@ -111,7 +111,7 @@ def test_a_warm_diff_imports_neither_click_nor_the_parsers(tmp_path):
     assert cold.returncode == warm.returncode == 2, warm.stderr
     assert "reconcile_host.pipeline.statefile.positions" in imported(cold.stderr)  # the first run parses
     heavy = {"click", "reconcile_host.cli", "ruamel.yaml", "jsonschema", "deepdiff", "psutil", "pynvml",
-             "reconcile_host.pipeline.statefile.positions", "reconcile_host.reconcilers.extractions.integrity"}
+             "reconcile_host.pipeline.statefile.positions", "reconcile_host.common.filechecks.integrity"}
     assert not heavy & imported(warm.stderr)
     assert "reconcile_host.commands" in imported(warm.stderr)
 

@@ -31,7 +31,7 @@ def inventory_seeds() -> list[str]:
 
 
 def check_inventory(data: bytes) -> str:
-    from reconcile_host.machines.inventory import load_inventory
+    from reconcile_host.doors.inventory import load_inventory
 
     with tempfile.NamedTemporaryFile(suffix=".yaml") as fh:
         fh.write(data)

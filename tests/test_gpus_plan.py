@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from reconcile_host.pipeline.contract import Context, Resource
+from reconcile_host.core.contract import Context, Resource
 from reconcile_host.pipeline.engine import judge
 from reconcile_host.pipeline.statefile import StateFileError, validate_text
 from reconcile_host.reconcilers.gpus import GpusReconciler, health

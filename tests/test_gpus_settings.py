@@ -22,7 +22,7 @@ BOOT = ("[    0.000000] Linux version 6.1.0-18-amd64 (debian-kernel@lists.debian
         "[    4.212001] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  590.48.01  Thu Nov 20 2025\n")
 
 
-class Host:
+class Rig:
     """One test's fake GPUs, state file, kernel log and journal."""
 
     def __init__(self, tmp: Path, lib: Path, gpus: list[gs.FakeGpu], driver: str = "590.48.01"):
@@ -69,7 +69,7 @@ def test_apply_sets_what_differs_pynvml_reads_it_back_and_a_second_apply_calls_n
     gpus[0].persistence = 0
     gpus[1].settings = {"power_limit_mw": 450000}
     gpus[2].settings = {"compute_mode": 3}
-    host = Host(tmp_path, fake_lib, gpus)
+    host = Rig(tmp_path, fake_lib, gpus)
 
     code, report = host.run("diff", STATE)
     assert code == 2 and report["status"] == "drift"
@@ -108,7 +108,7 @@ def test_per_gpu_failures_are_one_line_each_and_the_other_gpus_go_on(tmp_path, f
     gpus[0].fail = {"set_power": "no_permission"}
     gpus[1].fail = {"set_power": "not_supported"}
     gpus[2].lose_on = "set_power"  # falls off the bus when its power limit is set
-    host = Host(tmp_path, fake_lib, gpus)
+    host = Rig(tmp_path, fake_lib, gpus)
     state = STATE.replace("      0: {locked_clocks", "      9999: {locked_clocks").replace(
         "    per_gpu:\n      9999: {locked_clocks: {min: 1500MHz, max: 1980MHz}}\n",
         "    locked_clocks: {min: 1500MHz, max: 1980MHz}\n")
@@ -140,7 +140,7 @@ def test_per_gpu_failures_are_one_line_each_and_the_other_gpus_go_on(tmp_path, f
 def test_constraints_are_each_gpus_own_and_a_value_outside_them_is_never_tried(tmp_path, fake_lib):
     gpus = gs.seed_gpus(3, settings={"power_limit_mw": 450000})
     gpus[1].settings = {"power_limit_mw": 450000, "power_min_mw": 100000, "power_max_mw": 500000}
-    host = Host(tmp_path, fake_lib, gpus)
+    host = Rig(tmp_path, fake_lib, gpus)
     code, report = host.run("apply", "gpus:\n  settings:\n    power_limit: 600W\n")
     assert code == 2 and report["status"] == "blocked"
     assert "GPU 1: power_limit 600 W is outside what it supports: 100 W to 500 W " \
@@ -151,7 +151,7 @@ def test_constraints_are_each_gpus_own_and_a_value_outside_them_is_never_tried(t
 
 
 def test_a_saved_plan_sets_what_it_lists(tmp_path, fake_lib):
-    host = Host(tmp_path, fake_lib, gs.seed_gpus(2, settings={"power_limit_mw": 450000}))
+    host = Rig(tmp_path, fake_lib, gs.seed_gpus(2, settings={"power_limit_mw": 450000}))
     state = gs.write_state(tmp_path, "gpus:\n  settings:\n    power_limit: 600W\n")
     plan = tmp_path / "plan.json"
     env = {"RECONCILE_KERNEL_LOG": str(host.klog)}
@@ -202,7 +202,7 @@ def test_not_root_every_setter_is_refused_one_line_per_gpu(fake_lib):
 def test_a_setter_that_never_returns_is_abandoned_at_its_deadline(tmp_path, fake_lib):
     gpus = gs.seed_gpus(2, settings={"power_limit_mw": 450000})
     gpus[0].hang_on = "set_power"
-    host = Host(tmp_path, fake_lib, gpus)
+    host = Rig(tmp_path, fake_lib, gpus)
     state = "gpus:\n  observe_timeout: 2s\n  settings:\n    power_limit: 600W\n"
     code, report = host.run("apply", state)
     got = results(report)
@@ -214,7 +214,7 @@ def test_a_setter_that_never_returns_is_abandoned_at_its_deadline(tmp_path, fake
 
 
 def test_mig_and_ecc_changes_stay_pending_until_the_gpu_is_reset_or_the_host_reboots(tmp_path, fake_lib):
-    host = Host(tmp_path, fake_lib, gs.seed_gpus(2))
+    host = Rig(tmp_path, fake_lib, gs.seed_gpus(2))
     state = "gpus:\n  settings:\n    per_gpu:\n      0: {ecc: disabled}\n      1: {mig: enabled}\n"
     code, report = host.run("apply", state)
     assert code == 0 and report["status"] == "converging", report
@@ -253,7 +253,7 @@ def test_mig_and_ecc_changes_stay_pending_until_the_gpu_is_reset_or_the_host_reb
 
 def test_mig_waits_for_a_holder_the_same_apply_terminates_then_is_set(tmp_path, fake_lib):
     tag = gs.new_tag()
-    host = Host(tmp_path, fake_lib, gs.seed_gpus(2))
+    host = Rig(tmp_path, fake_lib, gs.seed_gpus(2))
     gs.FakeConfig(gpus=gs.seed_gpus(2), holders=[gs.FakeHolder(mib=2048, gpus=[0], cmdline=tag)]).write(host.config)
     holders = gs.Holders()
     try:
@@ -275,7 +275,7 @@ def test_mig_waits_for_a_holder_the_same_apply_terminates_then_is_set(tmp_path, 
 def test_nvidia_persistenced_holding_every_device_file_does_not_block_mig(tmp_path, fake_lib):
     """The daemon keeps /dev/nvidia* open on every GPU; its comm is cut to 15 characters
     (`nvidia-persiste`), and it is still not a holder; a process of another name is."""
-    host = Host(tmp_path, fake_lib, gs.seed_gpus(2))
+    host = Rig(tmp_path, fake_lib, gs.seed_gpus(2))
     dev = tmp_path / "dev"
     dev.mkdir()
     for n in range(2):
@@ -296,7 +296,7 @@ def test_nvidia_persistenced_holding_every_device_file_does_not_block_mig(tmp_pa
 
 
 def test_after_a_reboot_apply_sets_again_exactly_what_the_reboot_lost(tmp_path, fake_lib):
-    host = Host(tmp_path, fake_lib, gs.seed_gpus(2, settings={"power_limit_mw": 450000}))
+    host = Rig(tmp_path, fake_lib, gs.seed_gpus(2, settings={"power_limit_mw": 450000}))
     state = ("gpus:\n  settings:\n    persistence_mode: true\n    power_limit: 500W\n    compute_mode: prohibited\n"
              "    locked_clocks: {min: 1500MHz, max: 1980MHz}\n    mig: disabled\n")
     assert host.run("apply", state)[0] == 0
@@ -316,7 +316,7 @@ def test_after_a_reboot_apply_sets_again_exactly_what_the_reboot_lost(tmp_path, 
 
 
 def test_application_clocks_memory_first_on_a_535_driver_deprecated_on_590(tmp_path, fake_lib):
-    host = Host(tmp_path, fake_lib, gs.seed_gpus(2), driver="535.183.01")
+    host = Rig(tmp_path, fake_lib, gs.seed_gpus(2), driver="535.183.01")
     state = "gpus:\n  settings:\n    application_clocks: {memory: 14001MHz, graphics: 1980MHz}\n"
     code, report = host.run("apply", state)
     assert code == 0 and report["status"] == "ok"
@@ -334,7 +334,7 @@ def test_application_clocks_memory_first_on_a_535_driver_deprecated_on_590(tmp_p
 
     # Driver 590: deprecated, as real 590+ drivers answer; blocked, never tried.
     (tmp_path / "590").mkdir()
-    host590 = Host(tmp_path / "590", fake_lib, gs.seed_gpus(1))
+    host590 = Rig(tmp_path / "590", fake_lib, gs.seed_gpus(1))
     code, report = host590.run("apply", state)
     assert code == 2 and report["drift"] == [{"field": "gpu0.application_clocks",
                                               "want": "memory 14001 MHz, graphics 1980 MHz", "have": "not supported"}]
@@ -345,7 +345,7 @@ def test_application_clocks_memory_first_on_a_535_driver_deprecated_on_590(tmp_p
 
 def test_locked_clocks_nvml_cannot_read_back_are_recorded_and_held_against_the_clock(tmp_path, fake_lib):
     # A busy GPU runs at 2430 MHz unless locked.
-    host = Host(tmp_path, fake_lib, gs.seed_gpus(1, settings={"clock_gr": 2430}))
+    host = Rig(tmp_path, fake_lib, gs.seed_gpus(1, settings={"clock_gr": 2430}))
     state = "gpus:\n  settings:\n    locked_clocks: {min: 1500MHz, max: 1980MHz}\n"
     assert host.run("apply", state)[0] == 0
     record = json.loads((tmp_path / "state" / "gpu-locked-clocks.json").read_text())
@@ -363,7 +363,7 @@ def test_locked_clocks_nvml_cannot_read_back_are_recorded_and_held_against_the_c
 
 
 def test_a_bad_value_is_one_line_with_its_position_in_every_format(tmp_path, fake_lib):
-    host = Host(tmp_path, fake_lib, gs.seed_gpus(1))
+    host = Rig(tmp_path, fake_lib, gs.seed_gpus(1))
     state = gs.write_state(tmp_path, "gpus:\n  settings:\n    power_limit: 450\n")
     for fmt in ("text", "json"):
         proc = gs.cli(tmp_path, fake_lib, host.config, "diff", str(state), "--format", fmt)

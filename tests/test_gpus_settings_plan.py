@@ -8,13 +8,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from reconcile_host.pipeline.contract import Context, Resource
+from reconcile_host.common.systemd import UnitObserved
+from reconcile_host.core.contract import Context, Resource
 from reconcile_host.pipeline.engine import judge
 from reconcile_host.pipeline.statefile import StateFileError, validate_text
 from reconcile_host.reconcilers.gpus import GpusReconciler
 from reconcile_host.reconcilers.gpus.observed import MIB, Gpu, GpuSettings, GpusObserved, GpuUse, Holder, SettingsHost
 from reconcile_host.reconcilers.gpus.settings import parse_clock, parse_power
-from reconcile_host.reconcilers.units.systemctl import UnitObserved
 
 REC = GpusReconciler()
 PERSISTENCED = "nvidia-persistenced.service"

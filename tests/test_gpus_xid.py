@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from reconcile_host.pipeline.contract import CommandResult
+from host_doubles import ScriptedHost
+from reconcile_host.core.host import CommandResult
 from reconcile_host.reconcilers.gpus.catalogue import XIDS, recovery_from_text
 from reconcile_host.reconcilers.gpus.kernel_log import JOURNAL_ARGV, read_kernel_log
 from reconcile_host.reconcilers.gpus.xid import judge_xid, parse_kernel_log, pci_key
@@ -150,13 +151,14 @@ def test_pci_keys():
     assert pci_key("00000009:01:00.0") == "0009:01:00"
 
 
-class FakeHost:
+class FakeHost(ScriptedHost):
     """Answers `dmesg` and `journalctl` with given text (argv -> CommandResult)."""
 
     def __init__(self, answers):
-        self.answers, self.calls = answers, []
+        super().__init__()
+        self.answers = answers
 
-    def run(self, argv, timeout=None):
+    def run(self, argv, timeout=30.0, env=None, input=None):
         self.calls.append(argv[0])
         out = self.answers.get(argv[0])
         if out is None:

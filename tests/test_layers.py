@@ -1,9 +1,9 @@
-"""The house rules of docs/design.md, checked on the code: which layer may import which, no
-import cycles, no module over ~600 lines.
+"""The house rules of docs/design.md, checked on the code: the folders are the layers and imports
+only go down them, no import cycle of any kind, no module over ~600 lines.
 
-Imports are read with `ast` from every module of the package, at the top and inside functions
-(a lazy import is still a dependency), except those under `if TYPE_CHECKING:` (types only,
-never run). Relative imports are resolved to module names."""
+Imports are read with `ast` from every module of the package, at the top, inside functions (a
+lazy import is still a dependency) and under `if TYPE_CHECKING:` (a type-only import is still a
+dependency: it is how the last cycle hid). Relative imports are resolved to module names."""
 
 from __future__ import annotations
 
@@ -16,36 +16,25 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = "reconcile_host"
 MAX_LINES = 600
 
-# (layer, module names or prefixes ending in "."); the first match wins, so the floor's modules
-# come before the rest of pipeline/ and machines/host before the other doors.
-LAYERS = [
-    ("floor", [PKG, f"{PKG}.pipeline", f"{PKG}.pipeline.contract", f"{PKG}.pipeline.values",
-               f"{PKG}.pipeline.paths", f"{PKG}.pipeline.atomic", f"{PKG}.schema"]),
-    ("host", [f"{PKG}.machines.host"]),
-    ("kinds", [f"{PKG}.reconcilers", f"{PKG}.reconcilers."]),
-    ("pipeline", [f"{PKG}.pipeline."]),
-    ("views", [f"{PKG}.views", f"{PKG}.views."]),
-    ("doors", [f"{PKG}.machines", f"{PKG}.machines."]),
-    ("cli", [f"{PKG}.cli", f"{PKG}.commands", f"{PKG}.__main__"]),
-]
-# What each layer may import besides itself (docs/design.md, "The layers").
-MAY_IMPORT = {
-    "floor": set(),
-    "host": {"floor"},
-    "kinds": {"floor"},
-    "pipeline": {"floor", "host", "registry"},
-    "views": {"floor", "pipeline"},
-    "doors": {"floor", "host", "pipeline", "views"},
-    "cli": {"floor", "host", "registry", "pipeline", "views", "doors"},
-}
-REGISTRY = f"{PKG}.reconcilers"  # the one module of the kinds' layer the pipeline may name
+# The layers from the bottom up: a folder each (the command line: the root's modules). A module
+# may import its own layer and those below it, nothing above (docs/design.md, "The layers").
+FOLDERS = ["core", "local", "common", "reconcilers", "pipeline", "views", "doors"]
+LAYERS = ["core", "local", "common", "kinds", "pipeline", "views", "doors", "cli"]
+LAYER_OF_FOLDER = dict(zip(FOLDERS, LAYERS, strict=False))
+# Plain data read by the pipeline (the JSON Schemas) and the package's own root (its version).
+BOTTOM = {f"{PKG}.schema", PKG}
+# Above the kinds, only their registry is named: it imports a kind when a state declares it.
+REGISTRY = f"{PKG}.reconcilers"
 
 
 def layer_of(module: str) -> str:
-    for layer, names in LAYERS:
-        for name in names:
-            if module == name or (name.endswith(".") and module.startswith(name)):
-                return layer
+    if module in BOTTOM:
+        return "core"
+    parts = module.split(".")
+    if len(parts) == 2 and parts[1] in ("cli", "commands", "__main__"):
+        return "cli"
+    if len(parts) >= 2 and parts[1] in LAYER_OF_FOLDER:
+        return LAYER_OF_FOLDER[parts[1]]
     raise AssertionError(f"{module}: in no layer of docs/design.md")
 
 
@@ -53,7 +42,7 @@ def modules() -> dict[str, Path]:
     """The package's modules: the root's (but setup.py) and those of the layers' folders."""
     found = {}
     paths = [p for p in ROOT.glob("*.py") if p.name != "setup.py"]
-    for folder in ("pipeline", "reconcilers", "machines", "views", "schema"):
+    for folder in (*FOLDERS, "schema"):
         paths += (ROOT / folder).rglob("*.py")
     for path in sorted(paths):
         rel = path.relative_to(ROOT)
@@ -64,14 +53,8 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def _type_checking_only(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
-    """The modules of ours that `module` imports when it runs."""
+    """The modules of ours that `module` imports, type-only imports included."""
     tree = ast.parse(path.read_text(), str(path))
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out: set[str] = set()
@@ -82,10 +65,6 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
         return name or None
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _type_checking_only(node):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == PKG and (target := resolve(alias.name)):
@@ -114,20 +93,28 @@ GRAPH = {m: imports_of(m, p, set(modules())) for m, p in modules().items()}
 
 def test_the_package_is_read_whole():
     # A guard for the checks below: the layers and their modules are all there.
-    assert {f"{PKG}.cli", f"{PKG}.pipeline.engine", f"{PKG}.reconcilers.units", f"{PKG}.machines.remote",
+    assert {f"{PKG}.cli", f"{PKG}.pipeline.engine", f"{PKG}.reconcilers.units", f"{PKG}.doors.remote",
             f"{PKG}.views.junit", f"{PKG}.reconcilers.extractions.listing"} <= set(GRAPH)
-    assert f"{PKG}.pipeline.contract" in GRAPH[f"{PKG}.pipeline.engine"]
+    assert f"{PKG}.core.contract" in GRAPH[f"{PKG}.pipeline.engine"]
+
+
+def test_every_folder_is_a_layer():
+    # A new folder of code is a decision about the house: it gets a row in FOLDERS first.
+    code_dirs = {p.parent.relative_to(ROOT).parts[0] for p in ROOT.glob("*/__init__.py")}
+    assert code_dirs - {"tests", "bench", "contrib", "states", "docs"} == set(FOLDERS) | {"schema"}
 
 
 @pytest.mark.parametrize("module", sorted(GRAPH))
 def test_module_imports_only_what_its_layer_may(module):
-    mine = layer_of(module)
+    mine = LAYERS.index(layer_of(module))
     wrong = []
     for target in sorted(GRAPH[module]):
-        theirs = "registry" if target == REGISTRY and mine != "kinds" else layer_of(target)
-        if theirs != mine and theirs not in MAY_IMPORT[mine]:
-            wrong.append(f"{target} ({theirs})")
-    assert not wrong, f"{module} ({mine}) imports {', '.join(wrong)}"
+        theirs = LAYERS.index(layer_of(target))
+        if theirs > mine:
+            wrong.append(f"{target} ({LAYERS[theirs]}, above {LAYERS[mine]})")
+        elif LAYERS[theirs] == "kinds" and LAYERS[mine] != "kinds" and target != REGISTRY:
+            wrong.append(f"{target} (a kind: name the registry, {REGISTRY})")
+    assert not wrong, f"{module} ({LAYERS[mine]}) imports {', '.join(wrong)}"
 
 
 def test_no_import_cycles():

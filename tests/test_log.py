@@ -178,7 +178,7 @@ def test_since_stops_before_the_older_files(tmp_path):
 
 
 def _iso(t: float) -> str:
-    from reconcile_host.pipeline.contract import utc_iso
+    from reconcile_host.core.contract import utc_iso
 
     return utc_iso(t, millis=True)
 

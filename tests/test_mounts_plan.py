@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from reconcile_host.machines.host import Host
-from reconcile_host.pipeline.contract import ApplyError, Context, Drift, ObserveError
+from reconcile_host.core.contract import ApplyError, Context, Drift, ObserveError
+from reconcile_host.local.host import LocalHost
 from reconcile_host.pipeline.engine import judge
 from reconcile_host.pipeline.statefile import StateFileError, validate_text
 from reconcile_host.reconcilers.mounts import MountsReconciler, parse_count_or_percent
@@ -166,7 +166,7 @@ DATA_MOUNT = {"mount_id": 41, "parent_id": 40, "devno": "259:5", "root": "/", "m
               "optional_fields": []}
 
 
-class SilentProbeHost(Host):
+class SilentProbeHost(LocalHost):
     """A host whose probe children (the real fork) write the steps they begin, as probe_mount
     does, and then hang at `hang_at` as a call on a dead filesystem would, or answer `reply`."""
 

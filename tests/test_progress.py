@@ -16,7 +16,7 @@ import time
 
 import pytest
 from extraction_support import env_for, state_yaml, write_samples
-from reconcile_host.machines.host import Host
+from reconcile_host.local.host import LocalHost
 from reconcile_host.views import progress
 
 
@@ -57,10 +57,10 @@ def test_shown_only_on_a_terminal_with_text():
     master, slave = pty.openpty()
     try:
         with open(slave, "w", closefd=False) as tty, open(os.devnull, "w") as null:
-            assert isinstance(progress.attach(Host(), "text", tty).on_progress, progress.ProgressLine)
+            assert isinstance(progress.attach(LocalHost(), "text", tty).on_progress, progress.ProgressLine)
             for fmt in ("json", "junit", "prometheus"):
-                assert progress.attach(Host(), fmt, tty).on_progress is None
-            assert progress.attach(Host(), "text", null).on_progress is None  # not a terminal
+                assert progress.attach(LocalHost(), fmt, tty).on_progress is None
+            assert progress.attach(LocalHost(), "text", null).on_progress is None  # not a terminal
     finally:
         os.close(master)
         os.close(slave)
@@ -68,7 +68,7 @@ def test_shown_only_on_a_terminal_with_text():
 
 def test_a_long_command_is_shown_while_it_runs():
     said = []
-    host = Host()
+    host = LocalHost()
     host.on_progress = lambda *record: said.append(record)
     assert host.run(["sleep", "1.2"], timeout=30).ok  # at least 1.2 s: longer than the 0.5 s step
     waits = [r for r in said if r[1] is not None]
@@ -81,7 +81,7 @@ def test_a_long_command_is_shown_while_it_runs():
 def test_apply_waiting_for_a_resource_to_settle(monkeypatch):
     """The engine's wait for drift that clears by itself (GPU memory after a stop) is progress."""
     import test_engine as te
-    from reconcile_host.pipeline.contract import Drift
+    from reconcile_host.core.contract import Drift
 
     class Settling(te.ToyReconciler):
         volatile_drift = ("level",)
@@ -101,7 +101,7 @@ def test_apply_waiting_for_a_resource_to_settle(monkeypatch):
 
     first = te.toy("a", want=1)
     mem = replace(te.toy("mem", want=0, needs=["toy:a"]), settle=30.0)
-    host = te.Host()
+    host = te.LocalHost()
     said = []
     host.on_progress = lambda *record: said.append(record)
     monkeypatch.setattr("reconcile_host.pipeline.engine.SETTLE_POLL", 0.01)

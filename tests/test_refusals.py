@@ -294,7 +294,7 @@ def test_a_saved_plan_made_on_another_machine_is_refused(tmp_path):
 def test_slurm_health_judges_another_machine_unhealthy(tmp_path, monkeypatch, do_apply):
     """slurm-health's check (the part before scontrol) on a state pinned to another machine-id:
     not healthy, and the refusal's reason is what its journal line records as the problem."""
-    from reconcile_host.machines import slurm
+    from reconcile_host.doors import slurm
     from reconcile_host.pipeline.journal import Journal
 
     monkeypatch.setenv("RECONCILE_CACHE_DIR", str(tmp_path / "cache"))

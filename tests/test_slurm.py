@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from cli_support import cli_env, reconcile_argv, wait_for
 from gpu_support import FakeConfig, nvml_env, seed_gpus
-from reconcile_host.machines import slurm
+from reconcile_host.doors import slurm
 from slurm_support import SlurmCluster, missing_prerequisites
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from cli_support import run_cli
+from reconcile_host.core.values import is_unit_name, parse_duration, parse_size, parse_size_or_percent
 from reconcile_host.pipeline.statefile import StateFileError, load
-from reconcile_host.pipeline.values import is_unit_name, parse_duration, parse_size, parse_size_or_percent
 
 GOOD_UNIT = "version: 1\nunits:\n  a.service:\n    active: false\n"
 

@@ -34,10 +34,10 @@ from pathlib import Path
 import pytest
 from cli_support import cli_env, reconcile_argv
 from nsystemd import NamespacedSystemd
-from reconcile_host.pipeline.contract import Context, Resource
+from reconcile_host.common.systemd import UnitObserved
+from reconcile_host.core.contract import Context, Resource
 from reconcile_host.pipeline.engine import judge
 from reconcile_host.reconcilers.units import UnitsReconciler
-from reconcile_host.reconcilers.units.systemctl import UnitObserved
 from ruamel.yaml import YAML
 
 DATA = Path(__file__).parent / "data" / "units" / "layouts.yaml"

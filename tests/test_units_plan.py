@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from reconcile_host.pipeline.contract import Context, ObserveError, Resource
-from reconcile_host.pipeline.engine import judge
-from reconcile_host.reconcilers.units import UnitsReconciler
-from reconcile_host.reconcilers.units.systemctl import (
+from host_doubles import ScriptedHost
+from reconcile_host.common.systemd import (
     MASK_PENDING,
     UnitObserved,
     is_enabled_error,
@@ -14,6 +12,9 @@ from reconcile_host.reconcilers.units.systemctl import (
     parse_list_units,
     parse_show,
 )
+from reconcile_host.core.contract import Context, ObserveError, Resource
+from reconcile_host.pipeline.engine import judge
+from reconcile_host.reconcilers.units import UnitsReconciler
 
 R = UnitsReconciler()
 
@@ -230,17 +231,16 @@ def test_parse_list_unit_files_and_is_enabled_errors():
     assert is_enabled_error("") == ""
 
 
-class ShowHost:
+class ShowHost(ScriptedHost):
     """A host whose systemctl answers `show` as systemd 252 does when one name cannot be resolved:
     the blocks before it, then exit 1 (`Failed to get properties: Unknown object`)."""
 
-    prefix = ()
-
     def __init__(self, broken):
-        self.broken, self.calls = broken, []
+        super().__init__()
+        self.broken = broken
 
-    def run(self, argv, timeout=30.0):
-        from reconcile_host.pipeline.contract import CommandResult
+    def run(self, argv, timeout=30.0, env=None, input=None):
+        from reconcile_host.core.host import CommandResult
 
         self.calls.append(list(argv))
         names = argv[argv.index("--") + 1:]

@@ -21,7 +21,7 @@ import time
 import xml.etree.ElementTree as ET
 from typing import IO, Any
 
-from ..pipeline.values import format_value
+from ..core.values import format_value
 
 # Not allowed anywhere in an XML 1.0 document, not even as character references (surrogates:
 # bytes that were not UTF-8 in a path, kept by os.fsdecode).

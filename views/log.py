@@ -1,6 +1,6 @@
 """`reconcile log`: the journal as a timeline a person reads (or JSON a program reads).
 
-Journal lines (pipeline/engine.py, watch.py, machines/slurm.py) are grouped into events, oldest
+Journal lines (pipeline/engine.py, watch.py, doors/slurm.py) are grouped into events, oldest
 first: an apply run (its `intent` / `result` / `verified` lines, tied by `run`), a watch pass, a
 Slurm health run. An intent without its result is an action that may or may not have happened
 (the apply was killed while it ran): said so, in words. Text output is aligned in columns like

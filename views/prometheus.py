@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import IO, Any
 
 from .. import FORMAT_VERSION, __version__
-from ..pipeline.atomic import write_text
+from ..core.atomic import write_text
 from ..pipeline.report import STATUSES
 
 TEXTFILE_NAME = "reconcile.prom"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import IO, Any
 
+from ..core.values import format_value
 from ..pipeline.report import STATUSES
-from ..pipeline.values import format_value
 
 
 class Style:

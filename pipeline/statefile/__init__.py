@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...core.contract import Reconciler, Resource
 from ...reconcilers import KINDS, key_of, reconciler_class, reconciler_for
-from ..contract import Reconciler, Resource
 from . import cache
 from .errors import StateFileError
 from .schema import JSON_TYPES, bundled_schema, message_for, schema_fingerprint, sha256, state_validator

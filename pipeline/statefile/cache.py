@@ -34,7 +34,7 @@ def read(digest: str) -> dict | None:
 
 def write(digest: str, doc: dict) -> None:
     # Best effort: a read-only cache only costs speed.
-    from ..atomic import write_json
+    from ...core.atomic import write_json
 
     try:
         write_json(os.path.join(cache_dir(), "validated", f"{digest}.json"), {"key": digest, "doc": doc})

@@ -9,8 +9,8 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
+from ...core.values import dotted, is_unit_name, parse_duration, parse_size, parse_size_or_percent
 from ...reconcilers import KINDS
-from ..values import dotted, is_unit_name, parse_duration, parse_size, parse_size_or_percent
 from .errors import Position
 
 if TYPE_CHECKING:

@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ...machines.host import Host
+    from ...core.host import Host
 
-from ...pipeline.contract import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
-from ...pipeline.values import format_duration, parse_duration
-from .observed import QUARANTINE, CheckpointsObserved, StepObserved
+from ...common.quarantine import QUARANTINE
+from ...core.contract import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
+from ...core.values import format_duration, parse_duration
+from .observed import CheckpointsObserved, StepObserved
 
 DEFAULT_OBSERVE_TIMEOUT = "60s"
 

@@ -21,10 +21,10 @@ import os
 import shutil
 from typing import Any
 
-from ...pipeline.atomic import write_json
-from ...pipeline.contract import ApplyError, utc_iso
-from ..extractions.quarantine import new_quarantine_dir
-from .observed import QUARANTINE, CheckpointsObserved
+from ...common.quarantine import QUARANTINE, new_quarantine_dir
+from ...core.atomic import fsync_dir, write_json, write_text
+from ...core.contract import ApplyError, utc_iso
+from .observed import CheckpointsObserved
 from .survey import survey
 
 
@@ -37,7 +37,7 @@ def _inside(root: str, rel: str) -> str:
 
 
 def _qdir(root: str) -> str:
-    qdir = new_quarantine_dir(root, QUARANTINE)  # the extraction kind's naming, its own folder name
+    qdir = new_quarantine_dir(root)
     os.makedirs(qdir)
     return qdir
 
@@ -86,26 +86,6 @@ def quarantine(spec: dict[str, Any], name: str, steps: list[dict[str, Any]]) -> 
     return text
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def durable_write(path: str, text: str) -> None:
-    """Temp file beside it, fsync, rename over it, fsync the directory."""
-    parent, base = os.path.split(path)
-    tmp = os.path.join(parent, f".{base}.reconcile-{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(parent)
-
-
 def point(spec: dict[str, Any], name: str, params: dict[str, Any]) -> str:
     root = spec["dir"]
     obs = _fresh(spec)
@@ -127,7 +107,7 @@ def point(spec: dict[str, Any], name: str, params: dict[str, Any]) -> str:
         _manifest(qdir, name, obs, f"{params['file']} pointed at a checkpoint that is not whole; rewritten to "
                   f"name {params['text']}", [{"path": params["file"], "original": pointer, "old_text": old[:200],
                                               "new_text": params["text"], "moved_to": None}])
-    durable_write(pointer, params["text"])
+    write_text(pointer, params["text"])
     return f"{params['file']} now names {params['text']} (was {old.strip()[:40]!r})" if old is not None \
         else f"{params['file']} written: {params['text']}"
 
@@ -162,5 +142,5 @@ def last(spec: dict[str, Any], name: str, params: dict[str, Any]) -> str:
             "reason": old.reason if old and not old.whole else f"whole, step {old.step if old else None}: superseded",
             "mtime": st.st_mtime, "mtime_utc": utc_iso(st.st_mtime), "size": st.st_size}])
     os.replace(tmp, target)
-    _fsync_dir(root)
+    fsync_dir(root)
     return f"last.ckpt is now {'a link to' if params.get('link') else 'a copy of'} {source} (step {s.step})"

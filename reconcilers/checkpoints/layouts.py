@@ -28,9 +28,9 @@ import zlib
 from collections.abc import Callable
 from stat import S_ISLNK
 
-from ..extractions.integrity import CONTENT, STRUCTURE, check_path
-from ..extractions.listing import QUARANTINE
-from ..extractions.torchzip import check_torch_zip
+from ...common.filechecks.integrity import CONTENT, STRUCTURE, check_path
+from ...common.filechecks.torchzip import check_torch_zip
+from ...common.quarantine import QUARANTINE
 from .observed import StepObserved
 
 HF_DIR = re.compile(r"^checkpoint-(\d+)$")  # transformers trainer_utils._re_checkpoint
@@ -491,4 +491,3 @@ def megatron_resume(root: str) -> tuple[str | None, str, str | None]:
     return name, "", text
 
 
-DEPTHS = (STRUCTURE, CONTENT)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-QUARANTINE = ".reconcile-quarantine"  # as the extraction kind's (extractions/listing.QUARANTINE)
 LAYOUTS = ("hf-trainer", "lightning", "deepspeed", "dcp", "megatron")
 
 

@@ -9,8 +9,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..extractions.integrity import CONTENT, STRUCTURE
-from ..extractions.listing import QUARANTINE
+from ...common.filechecks.integrity import CONTENT, STRUCTURE
+from ...common.quarantine import QUARANTINE
 from . import layouts as L
 from .observed import CheckpointsObserved, StepObserved
 

@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ...pipeline.contract import (
+from ...common import systemd
+from ...core.contract import (
     Action,
     ApplyError,
     Context,
@@ -32,7 +33,7 @@ from ...pipeline.contract import (
     Resource,
     run_action,
 )
-from ...pipeline.values import parse_duration
+from ...core.values import parse_duration
 from .engines import (
     CALL_TIMEOUT,
     NOT_INSTALLED,
@@ -48,7 +49,7 @@ from .engines import (
 from .observed import ENGINES, ContainerObserved
 
 if TYPE_CHECKING:
-    from ...machines.host import Host
+    from ...core.host import Host
 
 UNKNOWN = "unknown"
 ABSENT = "no such container"
@@ -248,7 +249,7 @@ class ContainersReconciler(Reconciler):
         p = action.params
         if action.action in ("stop-unit", "start-unit"):
             verb = action.action.split("-")[0]
-            return run_action(host, ["systemctl", verb, "--", p["unit"]], STOP_TIMEOUT) or f"{verb}ped {p['unit']}"
+            return systemd.act(host, verb, p["unit"], STOP_TIMEOUT) or f"{verb}ped {p['unit']}"
         engine = p.get("engine")
         if engine not in ENGINES:
             raise ApplyError(f"unknown engine {engine!r}")

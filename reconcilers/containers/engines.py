@@ -24,12 +24,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...pipeline.contract import CommandTimeout
+from ...core.host import CommandTimeout
 from .cgroup import pids_in, read_cgroup, service_of_cgroup
 from .observed import ContainerObserved
 
 if TYPE_CHECKING:
-    from ...machines.host import Host
+    from ...core.host import Host
 
 CALL_TIMEOUT = 30.0
 STOP_TIMEOUT = 180.0  # a container's own stop timeout (10 s by default) and then some

@@ -11,7 +11,7 @@ from .engines import PODMAN_UNIT_LABEL, inspect, restart_of
 from .observed import ContainerRef
 
 if TYPE_CHECKING:
-    from ...machines.host import Host
+    from ...core.host import Host
 
 
 def containers_of(host: Host, pids: Iterable[int]) -> dict[int, ContainerRef]:

@@ -38,10 +38,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ...machines.host import Host
+    from ...core.host import Host
 
-from ...pipeline.atomic import write_json
-from ...pipeline.contract import (
+from ...common import systemd
+from ...common.filechecks.verdicts import CONTENT, STAT, STRUCTURE, UNPROVEN, UNREADABLE
+from ...core.atomic import write_json
+from ...core.contract import (
     Action,
     ApplyError,
     Context,
@@ -50,15 +52,13 @@ from ...pipeline.contract import (
     Plan,
     Reconciler,
     Resource,
-    run_action,
 )
-from ...pipeline.values import dotted, format_duration, never_answers, parse_duration
+from ...core.values import dotted, format_duration, never_answers, parse_duration
 from . import tally
 from .job import START_TIMEOUT, JobObserved, observe_jobs, start_command
 from .listing import QUARANTINE, Listing, leaf_form, list_tree, unfinished_quarantines
 from .ranges import contains, format_ranges, intersect, last, normalize, size, subtract, to_ranges
 from .records import STATE_FORMAT, CheckRecord, RecentFile, boot_id, load_json, state_dir
-from .verdicts import CONTENT, STAT, STRUCTURE, UNPROVEN, UNREADABLE
 
 # Files modified within RECENT_WINDOW before the newest one give the rate, and are re-read
 # when the machine has booted since they were checked, or their stat changed: after a VM
@@ -435,7 +435,7 @@ class ExtractionsReconciler(Reconciler):
         if action.action == "start":
             resume = resource.spec["resume"]
             if resume.get("unit"):
-                run_action(host, ["systemctl", "start", "--", resume["unit"]], START_TIMEOUT)
+                systemd.act(host, "start", resume["unit"], START_TIMEOUT)
                 return f"started {resume['unit']}"
             if resume.get("command"):
                 return start_command(host, resource)

@@ -8,13 +8,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...pipeline.atomic import write_json
-from ...pipeline.contract import ApplyError, CommandTimeout, ObserveError, Resource, utc_iso
-from ..units.systemctl import PROPERTIES, RUNNING, parse_show
+from ...common import systemd
+from ...common.systemd import RUNNING
+from ...core.atomic import write_json
+from ...core.contract import ApplyError, ObserveError, Resource, utc_iso
 from .records import load_json, state_dir
 
 if TYPE_CHECKING:
-    from ...machines.host import Host
+    from ...core.host import Host
 
 
 CALL_TIMEOUT = 30.0
@@ -55,13 +56,9 @@ def observe_jobs(host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
     if units:
         names = [r.spec["resume"]["unit"] for r in units]
         try:
-            res = host.run(["systemctl", "show", "--no-pager", "-p", ",".join(PROPERTIES), "--", *names],
-                           timeout=CALL_TIMEOUT)
-            if not res.ok:
-                raise ObserveError(f"cannot read the resume unit's state from systemd: {res.brief()}")
-            shown = parse_show(res.stdout, names)
-        except (ObserveError, CommandTimeout) as exc:
-            shown = ObserveError(str(exc))
+            shown = systemd.show(host, names, CALL_TIMEOUT)
+        except ObserveError as exc:
+            shown = ObserveError(f"the resume unit: {exc}")
         for r, name in zip(units, names, strict=True):
             if isinstance(shown, ObserveError):
                 jobs[r.id] = shown
@@ -94,7 +91,7 @@ LOG_TAIL_BYTES = 2048
 
 def command_ended(name: str) -> tuple[int | None, str, str]:
     """How the command reconcile last started ended: (exit status, its start time, its log's last
-    lines), from the status file its reaper wrote (machines/host.py `_REAPER`) for that very pid;
+    lines), from the status file its reaper wrote (local/host.py `_REAPER`) for that very pid;
     (None, "", "") when no such record exists (still starting, or started by an older reconcile)."""
     d = state_dir()
     info = load_json(d / f"{name}.pid")

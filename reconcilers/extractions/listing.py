@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ...common.quarantine import QUARANTINE
 from .ranges import intersect, normalize, runs, valid_ranges
 
 # The directory damaged samples are moved to (quarantine.py); never listed as samples.
-QUARANTINE = ".reconcile-quarantine"
 MANIFEST = "manifest.json"  # written when a quarantine's moves are over (quarantine.py)
 # A directory listing is trusted later only if the directory's mtime was at least this much
 # older than the moment the listing started (2 s: FAT's timestamp granularity, the coarsest

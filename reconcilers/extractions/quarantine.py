@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterable
 from typing import Any
 
-from ...pipeline.atomic import write_json
-from ...pipeline.contract import ApplyError, Resource, utc_iso
-from .integrity import CONTENT, DAMAGED, check_path
-from .listing import MANIFEST, QUARANTINE, compile_pattern
+from ...common.filechecks.integrity import CONTENT, DAMAGED, check_path
+from ...common.quarantine import QUARANTINE, new_quarantine_dir
+from ...core.atomic import fsync_dir, write_json
+from ...core.contract import ApplyError, Resource, utc_iso
+from .listing import MANIFEST, compile_pattern
 
 RECORDS = "moves.jsonl"
 WHY = "damaged sample files moved aside so that the job regenerates them"
@@ -49,8 +49,8 @@ class MoveRecords:
         if self.fd is None:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            _fsync_dir(os.path.dirname(self.path))  # the records file's own name survives a crash
-            _fsync_dir(os.path.dirname(os.path.dirname(self.path)))
+            fsync_dir(os.path.dirname(self.path))  # the records file's own name survives a crash
+            fsync_dir(os.path.dirname(os.path.dirname(self.path)))
         line = (json.dumps(record) + "\n").encode()
         if os.write(self.fd, line) != len(line):
             raise ApplyError(f"cannot record the move of {record['path']} in {self.path}: short write")
@@ -60,26 +60,6 @@ class MoveRecords:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-
-
-def new_quarantine_dir(root: str, folder: str) -> str:
-    """A folder name not yet taken under ROOT/FOLDER for one quarantine: the UTC time, `-2`, `-3`
-    ... after it when two quarantines fall in one second (not created here)."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    qdir = os.path.join(root, folder, stamp)
-    n = 1
-    while os.path.exists(qdir):
-        n += 1
-        qdir = os.path.join(root, folder, f"{stamp}-{n}")
-    return qdir
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _pause(point: str, n: int) -> None:

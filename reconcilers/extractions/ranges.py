@@ -35,13 +35,6 @@ def to_ranges(indices: Iterable[int]) -> list[tuple[int, int]]:
     return out
 
 
-def from_ranges(ranges: Iterable[Sequence[int]]) -> set[int]:
-    out: set[int] = set()
-    for a, b in ranges:
-        out.update(range(a, b + 1))
-    return out
-
-
 def format_ranges(ranges: Sequence[Sequence[int]], more: int = 0) -> str:
     text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
     return text + (f" (+{more} more ranges)" if more else "")

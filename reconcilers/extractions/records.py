@@ -29,7 +29,7 @@ BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 def state_dir() -> Path:
     from pathlib import Path  # not at the top: pathlib is ~10 ms of the parent's start-up
 
-    from ...pipeline import paths
+    from ...core import paths
 
     return Path(paths.state_dir()) / "extractions"
 

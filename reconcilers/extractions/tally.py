@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
 
+from ...common.filechecks.verdicts import CONTENT, GONE, STRUCTURE, UNPROVEN, Verdict
 from .ranges import normalize, size, to_ranges
-from .verdicts import CONTENT, GONE, STRUCTURE, UNPROVEN, Verdict
 
 if TYPE_CHECKING:
     from .listing import Listing
@@ -84,7 +84,7 @@ class Check:
     def check_path(self) -> Callable[..., Verdict]:
         """integrity.check_path. The file checks and the archive readers under them are imported
         with the first file to check, not with the kind (see verdicts.py)."""
-        from .integrity import check_path
+        from ...common.filechecks.integrity import check_path
 
         return check_path
 

@@ -27,19 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ...pipeline.contract import (
-    Action,
-    ApplyError,
-    CommandTimeout,
-    Context,
-    Drift,
-    ObserveError,
-    Plan,
-    Reconciler,
-    Resource,
-    run_action,
-)
-from ...pipeline.values import never_answers, parse_duration, parse_size
+from ...common import systemd
+from ...core.contract import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource, run_action
+from ...core.host import CommandTimeout
+from ...core.values import never_answers, parse_duration, parse_size
 from ..containers.refs import containers_of
 from . import health
 from .checks import check_blocked, check_drift, parse_checks
@@ -74,7 +65,7 @@ from .smi import (
 from .xid import parse_kernel_log
 
 if TYPE_CHECKING:
-    from ...machines.host import Host
+    from ...core.host import Host
 
 DEFAULT_SETTLE = 30.0
 # NVML calls can block for minutes on a wedged driver or a GPU fallen off the bus; the GPUs
@@ -394,7 +385,7 @@ class GpusReconciler(Reconciler):
             return unit_action(host, action)
         if action.action == "stop":
             unit = action.params.get("unit") or action.target
-            run_action(host, ["systemctl", "stop", "--", unit], STOP_TIMEOUT)
+            systemd.act(host, "stop", unit, STOP_TIMEOUT)
             return f"stopped {unit}"
         if action.action == "terminate":
             return self._terminate(host, action.params)
@@ -465,18 +456,9 @@ class GpusReconciler(Reconciler):
 
 def _persistenced(host: Host) -> tuple[Any, str]:
     """nvidia-persistenced.service as `systemctl show` reports it, or (None, why systemd cannot say)."""
-    from ..units.systemctl import PROPERTIES, parse_show
+    from ...common import systemd
 
     try:
-        res = host.run(["systemctl", "show", "--no-pager", "-p", ",".join(PROPERTIES), "--", PERSISTENCED],
-                       timeout=SMI_TIMEOUT)
-    except CommandTimeout as exc:
-        return None, f"systemd did not answer ({exc})"
-    if res.returncode == 127:
-        return None, "systemctl is not installed"
-    if not res.ok:
-        return None, f"systemd cannot be asked about {PERSISTENCED} ({res.brief()})"
-    try:
-        return parse_show(res.stdout, [PERSISTENCED])[PERSISTENCED], ""
+        return systemd.show(host, [PERSISTENCED], SMI_TIMEOUT)[PERSISTENCED], ""
     except ObserveError as exc:
         return None, str(exc)

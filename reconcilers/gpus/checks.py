@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ...pipeline.contract import Drift
+from ...core.contract import Drift
 from .observed import Gpu, GpusObserved
 
 CLOCK_EVENTS = ("gpu_idle", "applications_clocks", "sw_power_cap", "hw_slowdown", "sync_boost", "sw_thermal",
@@ -181,6 +181,3 @@ def check_blocked(drift: Sequence[Drift]) -> list[str]:
                          "(nvidia-persistenced, or nvidia-smi -pm)")
     return lines
 
-
-CHECK_FIELDS = ("driver", "cuda", "vbios", "gpu*.temperature", "gpu*.slowdown", "gpu*.pcie_width", "gpu*.pcie_gen",
-                "gpu*.nvlink_down", "gpu*.ecc_corrected", "gpu*.persistence_mode")

@@ -14,12 +14,12 @@ import os
 import re
 from typing import TYPE_CHECKING
 
-from ...pipeline.contract import CommandTimeout
+from ...core.host import CommandTimeout
 from .observed import KernelLog
 from .xid import KERNEL_LOG_ENV
 
 if TYPE_CHECKING:
-    from ...machines.host import Host
+    from ...core.host import Host
 
 DMESG_TIMEOUT = 5.0
 JOURNAL_TIMEOUT = 15.0

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ...pipeline.contract import Action, Context
+from ...core.contract import Action, Context
 from .observed import MIB, Gpu, GpusObserved, Holder
 
 UNKNOWN = "unknown"

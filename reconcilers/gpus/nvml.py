@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...pipeline.contract import ObserveError
+from ...core.contract import ObserveError
 from .nvml_settings import read_settings
 from .observed import Gpu, GpuUse, MigInstance
 

@@ -202,7 +202,7 @@ class SettingsHost:
 
     # nvidia-persistenced.service as systemd reports it; None: not installed, or systemd could not
     # be asked (`persistenced_note` says why). Read only when persistence_mode is declared.
-    persistenced: Any = None  # units.systemctl.UnitObserved
+    persistenced: Any = None  # common.systemd.UnitObserved
     persistenced_note: str = ""
     boot_id: str = ""  # /proc/sys/kernel/random/boot_id: locked clocks recorded in another boot are gone
     driver_load: str = ""  # the kernel log's last boot/driver-load line: the same for a driver reload

@@ -15,14 +15,14 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ...pipeline.atomic import write_json
-from ...pipeline.contract import Action, ApplyError, Resource, utc_iso
-from ...pipeline.paths import state_dir
-from ...pipeline.values import format_duration
+from ...core.atomic import write_json
+from ...core.contract import Action, ApplyError, Resource, utc_iso
+from ...core.paths import state_dir
+from ...core.values import format_duration
 from .nvml_settings import RESETTERS, SETTERS, setter_child
 
 if TYPE_CHECKING:
-    from ...machines.host import Host
+    from ...core.host import Host
 
 RECORD = "gpu-locked-clocks.json"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"

@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ...pipeline.contract import Action, Context, Drift, Resource
+from ...core.contract import Action, Context, Drift, Resource
 from .observed import Gpu, GpuSettings, GpusObserved, Holder
 
 # The order actions are taken in on each GPU: persistence first (without it the driver unloads a

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from ...pipeline.contract import ObserveError
+from ...core.contract import ObserveError
 from .catalogue import recovery_from_text
 from .nvml import CLOCK_EVENT_BITS
 from .observed import MIB, Gpu, GpuSettings, GpuUse

@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ...pipeline.contract import (
+from ...core.contract import (
     Action,
     ApplyError,
     Context,
@@ -37,14 +37,14 @@ from ...pipeline.contract import (
     Resource,
     run_action,
 )
-from ...pipeline.values import format_bytes, format_duration, never_answers, parse_duration, parse_size_or_percent
+from ...core.values import format_bytes, format_duration, never_answers, parse_duration, parse_size_or_percent
 from .observed import MountInfo, MountObserved, ResolvedSource, observed_from
 from .options import holds, tmpfs_shown
 from .probe import PROBE_PREFIX, probe_mount
 from .tables import norm_path, unescape
 
 if TYPE_CHECKING:
-    from ...machines.host import Host
+    from ...core.host import Host
 
 MOUNTINFO = "/proc/self/mountinfo"
 FSTAB = "/etc/fstab"

@@ -36,28 +36,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ...pipeline.contract import (
-    Action,
-    ApplyError,
-    CommandTimeout,
-    Context,
-    Drift,
-    ObserveError,
-    Plan,
-    Reconciler,
-    Resource,
-    run_action,
-)
-from ...pipeline.values import dotted
-from .syntax import name_kind, systemd_refuses
-from .systemctl import (
+from ...common import systemd
+from ...common.systemd import (
     GLOB_CHARS,
     IS_ENABLED,
     LIST_UNIT_FILES,
     LIST_UNITS,
     MASK_PENDING,
     MASKED,
-    PROPERTIES,
     UNCHANGEABLE,
     UNIT_PATH,
     UnitObserved,
@@ -66,10 +52,14 @@ from .systemctl import (
     parse_list_units,
     parse_show,
 )
+from ...core.contract import Action, Context, Drift, ObserveError, Plan, Reconciler, Resource
+from ...core.host import CommandTimeout
+from ...core.values import dotted
+from .syntax import name_kind, systemd_refuses
 from .unitfiles import UnitFiles
 
 if TYPE_CHECKING:
-    from ...machines.host import Host
+    from ...core.host import Host
 
 # systemctl mask replaces the unit file in /etc with a link to /dev/null and refuses when the
 # unit file itself lives there.
@@ -234,7 +224,7 @@ class UnitsReconciler(Reconciler):
 
     @staticmethod
     def _show_all(host: Host, names: list[str]) -> dict[str, UnitObserved | ObserveError]:
-        argv = ["systemctl", "show", "--no-pager", "-p", ",".join(PROPERTIES), "--"]
+        argv = list(systemd.SHOW)
         try:
             res = host.run([*argv, *names], timeout=CALL_TIMEOUT)
             if res.ok:
@@ -350,10 +340,8 @@ class UnitsReconciler(Reconciler):
 
     def apply(self, host: Host, resource: Resource, action: Action) -> str:
         verb = action.action
-        if verb not in ("start", "stop", "enable", "disable", "mask", "unmask"):
-            raise ApplyError(f"unknown unit action {verb!r}")
         timeout = STOP_TIMEOUT if verb in ("start", "stop") else CALL_TIMEOUT
-        return run_action(host, ["systemctl", verb, "--", action.target], timeout)
+        return systemd.act(host, verb, action.target, timeout)
 
     def summary(self, resource: Resource, observed: UnitObserved) -> str:
         if not observed.exists:

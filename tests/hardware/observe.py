@@ -19,7 +19,7 @@ SETTINGS = frozenset({"power_limit", "compute_mode", "application_clocks", "lock
 
 
 def main(path: str) -> int:
-    from reconcile_host.machines.host import Host
+    from reconcile_host.local.host import LocalHost
     from reconcile_host.reconcilers import gpus as kind
     from reconcile_host.reconcilers.gpus.nvml import NvmlUnavailable
 
@@ -27,7 +27,7 @@ def main(path: str) -> int:
         def unavailable(settings=()):
             raise NvmlUnavailable("not used: the hardware suite reads the nvidia-smi fallback")
         kind.nvml_observe = unavailable
-    obs = kind.GpusReconciler()._observe(Host(), {}, SETTINGS)
+    obs = kind.GpusReconciler()._observe(LocalHost(), {}, SETTINGS)
     print(json.dumps(dataclasses.asdict(obs), default=str))
     return 0
 

@@ -1,12 +1,18 @@
-"""What systemd says about units: `systemctl show` and `systemctl list-units` output, parsed,
-and the UnitFileState/ActiveState words that matter to a declared unit."""
+"""systemd, for every kind: what `systemctl show` and `systemctl list-units` say, parsed, the
+UnitFileState/ActiveState words that matter to a declared unit, and the one place a kind asks
+systemd about units (`show`) or acts on one (`act`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ...pipeline.contract import ObserveError
+from ..core.contract import ApplyError, ObserveError, run_action
+from ..core.host import CommandTimeout
+
+if TYPE_CHECKING:
+    from ..core.host import Host
 
 PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "MainPID", "FragmentPath")
 # UnitFileState values (systemctl is-enabled) that `enable`/`disable` cannot change:
@@ -152,3 +158,33 @@ def is_enabled_error(stderr: str) -> str:
     SysV check): an strerror() text."""
     lines = stderr.strip().splitlines()
     return lines[-1].rsplit(": ", 1)[-1].strip() if lines else ""
+
+
+# --- asking and acting: every kind reaches systemd through these two -----------------------
+
+SHOW = ("systemctl", "show", "--no-pager", "-p", ",".join(PROPERTIES), "--")
+# Verbs reconcile may ask of systemctl for a unit (systemctl(1)); anything else is a bug.
+VERBS = ("start", "stop", "enable", "disable", "mask", "unmask")
+
+
+def show(host: Host, names: Sequence[str], timeout: float) -> dict[str, UnitObserved]:
+    """One `systemctl show` of NAMES, parsed; ObserveError (never "inactive") when systemd cannot
+    be asked or does not answer. A name systemd cannot resolve ends a batched show: callers that
+    declare many units each ask about them one by one then (units/__init__.py _show_all)."""
+    try:
+        res = host.run([*SHOW, *names], timeout=timeout)
+    except CommandTimeout as exc:
+        raise ObserveError(f"systemd did not answer ({exc})") from None
+    if res.returncode == 127:
+        raise ObserveError("systemctl is not installed")
+    if not res.ok:
+        raise ObserveError(f"cannot read unit state from systemd: {res.brief()}")
+    return parse_show(res.stdout, names)
+
+
+def act(host: Host, verb: str, unit: str, timeout: float) -> str:
+    """`systemctl VERB -- UNIT`: its output on one line, or ApplyError (non-zero, or past the
+    deadline). `start`/`stop` wait for the job, as systemctl does without --no-block."""
+    if verb not in VERBS:
+        raise ApplyError(f"unknown unit action {verb!r}")
+    return run_action(host, ["systemctl", verb, "--", unit], timeout)

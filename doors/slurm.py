@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ..pipeline.contract import utc_iso
+from ..core.contract import utc_iso
 
 OWNER = "reconcile:"
 MAX_REASON = 200  # ours: Slurm takes any length; NHC's reasons are of this order

@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .. import FORMAT_VERSION, __version__
-from .host import kill_group
+from ..local.host import kill_group
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_REMOTE_COMMAND = "reconcile"
@@ -450,7 +450,7 @@ class RemoteOptions:
 
 
 def duration_option(value: str | None, flag: str, default: float) -> float:
-    from ..pipeline.values import parse_duration
+    from ..core.values import parse_duration
 
     if value is None:
         return default

@@ -1,7 +1,8 @@
-"""The only door to the machine: run a command with a deadline, read a file, signal a process.
+"""The local machine, as core.host.Host: run a command with a deadline, read a file, signal a
+process, fork an observer child and read it to its deadline.
 
-Reconcilers never call subprocess/os directly for host access, so a test, a
-remote run or a prefix (`nsenter`, `pct exec`) changes one place.
+Reconcilers never call subprocess/os directly for host access: they are handed a Host, so a
+test double or a remote run changes one place.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO, Any, TypeVar
 
-from ..pipeline.contract import CommandResult, CommandTimeout
+from ..core.host import CommandResult, CommandTimeout, ProgressSink
 
-__all__ = ["CommandResult", "CommandTimeout", "ForkedChild", "Host", "collect_children", "kill_group", "split_beats"]
+__all__ = ["ForkedChild", "LocalHost", "collect_children", "kill_group", "split_beats"]
 
 K = TypeVar("K")
 # What a child writes for a heartbeat; a pickle (protocol >= 2) never starts with it.
@@ -24,7 +25,6 @@ HEARTBEAT = b"."
 # A progress record from a child: PROGRESS + JSON [what, done, total, unit] + newline (done null:
 # that work is over). It counts as a heartbeat too.
 PROGRESS = b"\x01"
-ProgressSink = Callable[[str | None, "float | None", "float | None", str], None]
 
 
 def split_beats(data: bytes) -> tuple[list[tuple[str, float | None, float | None, str]], bytes, bool]:
@@ -210,11 +210,10 @@ os.replace(status + ".tmp", status)
 """
 
 
-class Host:
-    """The local machine, optionally behind a command prefix."""
+class LocalHost:
+    """The machine reconcile runs on: core.host.Host, implemented."""
 
-    def __init__(self, prefix: tuple[str, ...] = ()):
-        self.prefix = prefix
+    def __init__(self) -> None:
         # Set by the engine in a child that observes with a deadline (see heartbeat).
         self.heartbeat_to: IO[bytes] | None = None
         self._last_beat = 0.0
@@ -247,14 +246,6 @@ class Host:
         elif self.on_progress is not None:
             self.on_progress(what, done, total, unit)
 
-    def progress_end(self, what: str | None = None) -> None:
-        """That work is over (None: all of it): its progress line goes."""
-        if self.heartbeat_to is not None:
-            if what is not None:
-                self._send_progress(what, None, None, "")
-        elif self.on_progress is not None:
-            self.on_progress(what, None, None, "")
-
     def _send_progress(self, what: str, done: float | None, total: float | None, unit: str) -> None:
         import json
 
@@ -269,7 +260,7 @@ class Host:
         A child stuck in D-state cannot die; we wait a bounded 2 s after the kill
         and abandon it rather than hang with it.
         """
-        full = (*self.prefix, *argv)
+        full = tuple(argv)
         try:
             proc = subprocess.Popen(full, stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -345,7 +336,7 @@ class Host:
         waits for the command and writes `{"pid", "returncode"}` there when it ends (negative: the
         signal that killed it), so a later observation can say how a job ended, which only a
         parent can learn (waitpid). The pid returned is still the command's own."""
-        full = (*self.prefix, *argv)
+        full = tuple(argv)
         if status_path is None:
             with open(log_path, "ab") as log:
                 proc = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

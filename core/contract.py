@@ -15,8 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-if TYPE_CHECKING:  # the Host interface: kinds are handed one, they never import a door
-    from ..machines.host import Host
+from .host import CommandTimeout
+
+if TYPE_CHECKING:  # the interface kinds are handed; they never import the local host or a door
+    from .host import Host
 
 
 class Status(str, enum.Enum):
@@ -106,29 +108,6 @@ class ActionResult:
     message: str = ""
     started: float = 0.0  # epoch seconds
     finished: float = 0.0
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """What a command run through Host.run gave."""
-
-    argv: tuple[str, ...]
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
-
-    def brief(self) -> str:
-        """The command and its first error line, for messages."""
-        err = (self.stderr.strip() or self.stdout.strip()).splitlines()
-        return f"`{' '.join(self.argv)}` exited {self.returncode}" + (f": {err[0]}" if err else "")
-
-
-class CommandTimeout(Exception):
-    """A command run through Host.run missed its deadline (it was killed)."""
 
 
 class ObserveError(Exception):

@@ -1,6 +1,6 @@
 """`reconcile log --host ADDRESS | --via PREFIX | --inventory FILE`: the target's journal, read
 there (`reconcile log --format json` on the target, through the same SSH door as diff and
-apply: machines/remote.py), rendered here. Nothing is changed on a target, so no handshake:
+apply: doors/remote.py), rendered here. Nothing is changed on a target, so no handshake:
 the far side's JSON says its own `format_version`.
 """
 

@@ -1,6 +1,6 @@
 """Many hosts at once: `reconcile diff|apply --inventory hosts.yaml [--limit PATTERN]`.
 
-Each host is one remote run (machines/remote.py: state on stdin, JSON back; an apply that
+Each host is one remote run (doors/remote.py: state on stdin, JSON back; an apply that
 changes the host asks for the far side's versions first),
 in a thread of its own since each is a subprocess; a host that fails is an error for that
 host only. Printed at the end, in inventory order: each host's report, then one summary
@@ -67,9 +67,9 @@ def load_inventory(path: str) -> Inventory:
     """Read and validate; problems as `FILE:LINE:COL: message` lines (StateFileError), like state files."""
     import jsonschema
 
+    from ..core.values import parse_duration
     from ..pipeline.statefile.positions import decode, parse_yaml, read_bounded
     from ..pipeline.statefile.schema import format_checker, message_for
-    from ..pipeline.values import parse_duration
 
     text = decode(read_bounded(path, path, what="an inventory"), path)  # bounded, UTF-8, with positions
     data, pos = parse_yaml(text, path, what="an inventory")
