@@ -8,6 +8,9 @@ the current one and 0 for the others, so a rule can say `== 1` and a vanished se
 mistaken for a healthy one. What reconcile could not read is left out, never written as 0
 (unknown is never ok); the resource's `status` says why.
 
+The metrics every report has are written here; each kind adds its own from its observed state
+(Reconciler.metrics: reconcilers/<kind>/metrics.py), so this view names no kind.
+
 Counters exist only where a process lives across runs: `reconcile watch` keeps them
 (TextfileExporter); a one-off `diff`/`apply` reports the counts of its own run as gauges.
 """
