@@ -140,6 +140,17 @@ def _textfile(textfile_dir: str | None, interval: str | None) -> None:
     commands.TEXTFILE.update(dir=textfile_dir, interval=every)
 
 
+RECHECK_HELP = ("Read every checkpoint step again, whatever its check record says (docs/checkpoints.md, "
+                "\"Check records\"); the records are rewritten from what is read.")
+
+
+def _recheck(on: bool) -> None:
+    """--recheck: the observers (forked children) see it as $RECONCILE_RECHECK
+    (reconcilers/checkpoints/records.py RECHECK_ENV), set before any observation starts."""
+    if on:
+        os.environ["RECONCILE_RECHECK"] = "1"
+
+
 REMOTE_KEYS = ("host", "via", "remote_command", "ssh_options", "connect_timeout", "remote_timeout",
                "inventory", "limit", "parallel", "report_dir")
 LOCAL_KEYS = ("file", "fmt", "verbose", "dry_run", "journal_path", "lock_timeout")
@@ -215,12 +226,14 @@ def _remote_options(fn):
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
               help="Also save the plan to this file; `reconcile apply PLAN` carries out exactly its actions, "
                    "and refuses when the host no longer matches it.")
+@click.option("--recheck", is_flag=True, help=RECHECK_HELP)
 def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, textfile_dir: str | None,
-         textfile_interval: str | None) -> None:
+         textfile_interval: str | None, recheck: bool) -> None:
     """Show drift and the planned actions; change nothing.
 
     Exit 0: no drift; 2: drift; 1: error.
     """
+    _recheck(recheck)
     _textfile(textfile_dir, textfile_interval)
     run_diff(file, fmt, verbose, out_path)  # commands.py: the same call as __main__.py's, without click
 
@@ -235,8 +248,9 @@ def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, textfi
                    "$XDG_STATE_HOME/reconcile/journal.jsonl otherwise). The lock file sits beside it.")
 @click.option("--lock-timeout", default="0s", show_default=True,
               help="Wait this long for another apply to finish instead of failing at once.")
+@click.option("--recheck", is_flag=True, help=RECHECK_HELP)
 def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path: str | None,
-          lock_timeout: str, textfile_dir: str | None, textfile_interval: str | None) -> None:
+          lock_timeout: str, textfile_dir: str | None, textfile_interval: str | None, recheck: bool) -> None:
     """Act until the host matches the state file, then verify by observing again.
 
     FILE may also be a plan saved by `diff --out`: its actions are carried out and nothing
@@ -248,6 +262,7 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     from .pipeline.engine import Engine, HostMismatch, Prefetch
     from .pipeline.journal import Journal, LockError
 
+    _recheck(recheck)
     _textfile(textfile_dir, textfile_interval)
     wait = parse_duration_option(lock_timeout, "--lock-timeout")
     path = resolve_state_file(file)

@@ -49,6 +49,7 @@ class CheckpointsObserved:
     newest_whole_step: int | None = None
     newest_whole_mtime: float | None = None
     depth: str = "structure"  # how deep the resume candidate was read ("content": every byte)
+    from_records: int = 0  # steps not read again: unchanged since checked (their check record, records.py)
 
     def step_at(self, path: str | None) -> StepObserved | None:
         for s in self.steps:

@@ -1,7 +1,9 @@
 """One run directory observed: the steps (each checked to the structure), the framework's
 pick by its own rule, then every byte of that pick, and of the steps below it down to the
-first whole one when the pick is not whole (`verify: resume`, the default). Runs in the
-observer child; imports the file checks (layouts.py)."""
+first whole one when the pick is not whole (`verify: resume`, the default). A step whose
+files are unchanged since it was checked is not read again: its verdict comes from the run
+directory's check record (records.py). Runs in the observer child; imports the file checks
+(layouts.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 from ...common.filechecks.integrity import CONTENT, STRUCTURE
 from ...common.quarantine import QUARANTINE
 from . import layouts as L
+from . import records
 from .observed import CheckpointsObserved, StepObserved
 
 RULES = {
@@ -37,12 +40,21 @@ def survey(spec: dict[str, Any], beat: Callable[[], None] | None = None) -> Chec
             return CheckpointsObserved(dir=root, layout="unknown", detected=True, exists=True)
     verify = spec.get("verify", "resume")
     base = STRUCTURE if verify != "content" else CONTENT
-    steps = _steps(root, layout, names, lambda n: base, spec, None)
+    # --- check records (records.py): every step checked through `book`, saved at the end ---
+    ranks = _ds_ranks(root, names) if layout == "deepspeed" else None
+    book = records.Book(root, layout, {"model_only": bool(spec.get("model_only")), "ranks": ranks},
+                        use=verify != "content")  # `verify: content` reads every byte every time
+
+    def check(step_names: list[str], depth: str) -> list[StepObserved]:
+        return _steps(root, layout, step_names, lambda n: depth, spec, ranks)
+    # ---
+    steps = book.steps(names, base, check)
     if beat:
         beat()
     pick, problem, text = _pick(root, layout, names, steps)
     if verify == "resume":
-        steps = _deepen(root, layout, names, steps, pick, spec)
+        steps = _deepen(steps, pick, book, check)
+    book.save()
     whole = [s for s in steps if s.whole and s.step is not None]
     newest = max(whole, key=lambda s: (s.step, s.mtime), default=None)
     pick_step = next((s.step for s in steps if s.path == pick), None)
@@ -52,7 +64,7 @@ def survey(spec: dict[str, Any], beat: Callable[[], None] | None = None) -> Chec
         resume_path=pick, resume_step=pick_step, resume_rule=RULES[layout], resume_problem=problem,
         pointer_text=text, newest_whole_path=newest.path if newest else None,
         newest_whole_step=newest.step if newest else None, newest_whole_mtime=newest.mtime if newest else None,
-        depth=CONTENT if verify != "structure" else STRUCTURE)
+        depth=CONTENT if verify != "structure" else STRUCTURE, from_records=len(book.reused))
 
 
 def _steps(root: str, layout: str, names: list[str], depth_of: Callable[[str], str], spec: dict[str, Any],
@@ -87,21 +99,24 @@ def _pick(root: str, layout: str, names: list[str], steps: list[StepObserved]) -
     return (max(with_meta, key=lambda s: s.step).path if with_meta else None), "", None
 
 
-def _deepen(root: str, layout: str, names: list[str], steps: list[StepObserved], pick: str | None,
-            spec: dict[str, Any]) -> list[StepObserved]:
+def _ds_ranks(root: str, names: list[str]) -> int:
+    """The ZeRO ranks the run's steps hold (layouts.ds_steps' rule, over every folder: only a
+    tag folder holds ZeRO files)."""
+    return L.zero_ranks([(n, os.listdir(p)) for n in names if os.path.isdir(p := os.path.join(root, n))])
+
+
+def _deepen(steps: list[StepObserved], pick: str | None, book: records.Book,
+            check: records.Check) -> list[StepObserved]:
     """Every byte of the pick; when it is not whole, of the steps below it, newest first, until
     one is whole (the one apply would make the framework resume from)."""
     by_path = {s.path: s for s in steps}
-    ranks = None
-    if layout == "deepspeed":
-        ranks = L.zero_ranks([(s.path, os.listdir(os.path.join(root, s.path))) for s in steps])
     order = sorted((s for s in steps if s.step is not None), key=lambda s: (s.step, s.mtime), reverse=True)
     first = by_path.get(pick) if pick else None
     queue = ([first] if first else []) + [s for s in order if s is not first]
     for s in queue:
         if not s.whole:
             continue
-        again = _steps(root, layout, [s.path], lambda n: CONTENT, spec, ranks)
+        again = book.steps([s.path], CONTENT, check)
         if again:
             by_path[s.path] = again[0]
             if again[0].whole:
