@@ -8,13 +8,24 @@
    check reads the header and the size; the content check would read 32 GiB of zeros, so
    `verify: structure` only), with its model.safetensors.index.json.
 
+3. Real size (issue 31 §1; `--real-gb N`, 0 to leave it out): a Trainer run directory of 3
+   checkpoints of N GB each written by the real torch and safetensors (tests/trainer_steps.py
+   under .venv-torch: the weights in 2 safetensors shards + index, an optimizer.pt of twice their
+   size, random data, nothing sparse). Measured with the kernel's I/O accounting of the whole
+   process tree (tests/io_support.py: `rchar`, bytes read(2) returned; `read_bytes`, bytes from
+   the disk), its CPU and wall time: a cold `diff` (page cache dropped: `sync; echo 3 >
+   /proc/sys/vm/drop_caches` and posix_fadvise(DONTNEED) on every file; no check record), the
+   second `diff` (the record made by the first), `diff --recheck` (every pass before records),
+   and three passes of `reconcile watch`; each beside its floor, `cat` of the pick's files, cold
+   or warm as the run it stands beside, interleaved in the same run.
+
 Cold: a new process and no validation cache; warm: the validation cache made by the run
 before (the page cache is warm in both: dropping it would disturb the machine's other users).
 The floor: the same directory listed and, per file the check opens, an open, the header and the
 last page read, a close, and the index and trainer_state.json parsed, in one Python process
 (no interpreter start-up counted in it: that start-up is printed apart).
 
-    python bench/bench_checkpoints.py [--runs 5] [--dir DIR]
+    python bench/bench_checkpoints.py [--runs 5] [--dir DIR] [--real-gb 1] [--only-real]
 
 Results are printed as Markdown.
 """
@@ -24,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -36,6 +48,7 @@ from common import ROOT, clean_env, log, median
 
 sys.path.insert(0, str(ROOT / "tests"))
 from fake_extract import ckpt_bytes  # noqa: E402
+from io_support import run_counted  # noqa: E402
 
 PAGE = 4096
 
@@ -137,13 +150,159 @@ def startup(runs: int) -> float:
     return median(ts)
 
 
+# --- real size (issue 31 §1) -------------------------------------------------------------------
+
+def write_real_run(run: Path, gb: float) -> None:
+    python = ROOT / ".venv-torch" / "bin" / "python"
+    if not python.exists():
+        raise SystemExit("the real-size case needs .venv-torch (torch and safetensors): see tests/torch_support.py")
+    each = int(gb * 1e9)
+    model, optim = each // 3, each - each // 3
+    subprocess.run([str(python), str(ROOT / "tests" / "trainer_steps.py"), str(run), str(model), str(optim), "2",
+                    "1000", "2000", "3000"], check=True)
+
+
+def drop_caches(paths: list[Path]) -> str:
+    """The page cache emptied of these files: the kernel's whole cache dropped where we may (root),
+    and posix_fadvise(DONTNEED) on each file (which a clean page leaves at once) in any case."""
+    os.sync()
+    how = "posix_fadvise(DONTNEED)"
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("3\n")
+        how = "drop_caches + " + how
+    except OSError:
+        pass
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return how
+
+
+def settle(run: Path) -> None:
+    """Past the check records' racy window (records.RACY_NS, 2 s): a step changed within it is
+    checked but not recorded."""
+    newest = max(max(p.stat().st_mtime_ns, p.stat().st_ctime_ns) for p in run.rglob("*"))
+    wait = (newest + 2 * 10**9 - time.time_ns()) / 1e9 + 0.1
+    if wait > 0:
+        time.sleep(wait)
+
+
+def _proc_io(pid: int) -> tuple[int, int, float]:
+    """(rchar, read_bytes, CPU s) of a live process, its reaped children included."""
+    with open(f"/proc/{pid}/io") as fh:
+        io = {k: int(v) for k, v in (line.split(": ") for line in fh.read().splitlines())}
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    ticks = sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return io["rchar"], io["read_bytes"], ticks / os.sysconf("SC_CLK_TCK")
+
+
+def watch_passes(state: Path, env: dict[str, str], tmp: Path, passes: int) -> list[tuple[int, int, float]]:
+    """(rchar, read_bytes, CPU s) of each of `passes` passes of `reconcile watch -v`, read
+    from its /proc/PID/io (its observer children reaped by it are counted there) between the
+    lines it logs at the end of each pass; the first pass (the start-up's imports) is left out."""
+    argv = reconcile_argv() + ["watch", "-v", "--interval", "3s", "--journal", str(tmp / "journal.jsonl"), str(state)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    out = []
+    try:
+        last = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if not re.search(r"\bpass \d+: ", line):
+                continue
+            now = _proc_io(proc.pid)
+            if last is not None:
+                out.append((now[0] - last[0], now[1] - last[1], now[2] - last[2]))
+            last = now
+            if len(out) >= passes:
+                break
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return out
+
+
+def real_size(tmp: Path, gb: float) -> str:
+    run = tmp / "real"
+    log(f"writing 3 Trainer checkpoints of {gb:g} GB each with torch and safetensors")
+    write_real_run(run, gb)
+    pick = run / "checkpoint-3000"
+    files = sorted(p for p in run.rglob("*") if p.is_file())
+    pick_files = sorted(p for p in pick.iterdir() if p.is_file())
+    pick_size = sum(p.stat().st_size for p in pick_files)
+    total = sum(p.stat().st_size for p in files)
+    state = tmp / "state-real.yaml"
+    state.write_text(f"version: 1\ncheckpoints:\n  run:\n    dir: {run}\n    layout: hf-trainer\n")
+    env = {**clean_env(), "RECONCILE_CACHE_DIR": str(tmp / "cache-real"), "RECONCILE_STATE_DIR": str(tmp / "st")}
+    settle(run)
+
+    def counted(argv: list[str]):
+        got = run_counted(argv, env, str(tmp), str(tmp / "io.json"), timeout=3600)
+        if got.returncode not in (0, 2):
+            raise SystemExit(f"{argv} exited {got.returncode}: {got.stdout[-400:]}{got.stderr[-400:]}")
+        return got
+
+    cat = ["sh", "-c", 'cat "$@" > /dev/null', "cat", *map(str, pick_files)]
+    diff = reconcile_argv() + ["diff", str(state)]
+    rows = []
+
+    def row(what: str, got, floor) -> None:
+        rows.append(f"| {what} | {got.rchar / 1e6:,.1f} MB | {got.read_bytes / 1e6:,.1f} MB | {got.wall_s:.2f} s | "
+                    f"{got.cpu_s:.2f} s | {floor.wall_s:.2f} s ({floor.rchar / 1e6:,.0f} MB) | "
+                    f"{got.wall_s / floor.wall_s:.2f}x |")
+
+    how = drop_caches(files)
+    floor_cold = counted(cat)
+    drop_caches(files)
+    cold = counted(diff)  # no record yet
+    row("`diff` cold, no record", cold, floor_cold)
+    floor_warm = counted(cat)
+    second = counted(diff)
+    row("`diff` again (the record)", second, floor_warm)
+    floor_warm = counted(cat)
+    recheck = counted(diff + ["--recheck"])
+    row("`diff --recheck` (every pass before records)", recheck, floor_warm)
+    empty = tmp / "real-empty"
+    empty.mkdir()
+    fixed_state = tmp / "state-real-empty.yaml"
+    fixed_state.write_text(f"version: 1\ncheckpoints:\n  run:\n    dir: {empty}\n    layout: hf-trainer\n")
+    counted(reconcile_argv() + ["diff", str(fixed_state)])  # (its validation cache)
+    fixed = counted(reconcile_argv() + ["diff", str(fixed_state)])
+    rows.append(f"| `diff` of an empty run directory (the fixed cost) | {fixed.rchar / 1e6:,.1f} MB | "
+                f"{fixed.read_bytes / 1e6:,.1f} MB | {fixed.wall_s:.2f} s | {fixed.cpu_s:.2f} s | | |")
+    floor_warm = counted(cat)
+    for k, (rchar, rbytes, cpu) in enumerate(watch_passes(state, env, tmp, 3), 1):
+        rows.append(f"| `watch` pass {k + 1} | {rchar / 1e6:,.1f} MB | {rbytes / 1e6:,.1f} MB | "
+                    f"(3 s interval) | {cpu:.2f} s | {floor_warm.wall_s:.2f} s ({floor_warm.rchar / 1e6:,.0f} MB) | |")
+    with open("/proc/loadavg") as fh:
+        load = " ".join(fh.read().split()[:3])
+    head = [f"Real size: 3 checkpoints x {total / 3 / 1e9:.2f} GB ({total / 1e9:.2f} GB; the pick "
+            f"{pick.name}: {pick_size / 1e9:.2f} GB in {len(pick_files)} files); cold = {how}; "
+            f"{os.cpu_count()} CPUs, load average {load} at the end",
+            "",
+            "| run | read (rchar) | from disk | wall | CPU | floor: `cat` of the pick | ratio |",
+            "|---|---|---|---|---|---|---|"]
+    return "\n".join(head + rows) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where to make the run directories (default: a temp dir)")
+    ap.add_argument("--real-gb", type=float, default=1.0,
+                    help="size of each of the 3 real checkpoints, in GB (0: leave the real-size case out)")
+    ap.add_argument("--only-real", action="store_true", help="only the real-size case")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))
     try:
+        if args.real_gb > 0:
+            print(real_size(tmp, args.real_gb))
+        if args.only_real:
+            return
         log("making 100 checkpoints and an 8-shard sparse model")
         make_hf_run(tmp / "hf100", 100)
         make_sharded(tmp / "sharded")

@@ -22,22 +22,26 @@ import sys
 from dataclasses import dataclass
 
 COUNTER = r"""
-import ctypes, json, os, subprocess, sys
+import ctypes, json, os, resource, subprocess, sys, time
 PR_SET_CHILD_SUBREAPER = 36
 ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 def io():
     with open("/proc/self/io") as fh:
         return {k: int(v) for k, v in (line.split(": ") for line in fh.read().splitlines())}
 before = io()
+t0 = time.perf_counter()
 rc = subprocess.call(sys.argv[2:])
 while True:  # every process left over (reparented to us): reaped, so its reads are counted
     try:
         os.wait()
     except ChildProcessError:
         break
+wall = time.perf_counter() - t0
 after = io()
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
 with open(sys.argv[1], "w") as fh:
-    json.dump({"rc": rc, **{k: after[k] - before[k] for k in after}}, fh)
+    cpu = ru.ru_utime + ru.ru_stime
+    json.dump({"rc": rc, "wall_s": wall, "cpu_s": cpu, **{k: after[k] - before[k] for k in after}}, fh)
 """
 
 
@@ -48,6 +52,8 @@ class Counted:
     stderr: str
     rchar: int  # bytes the tree's reads returned
     read_bytes: int  # bytes fetched from storage
+    wall_s: float = 0.0  # from the start of the command to the last process reaped
+    cpu_s: float = 0.0  # user + system CPU of the whole tree
 
 
 def run_counted(argv: list[str], env: dict[str, str], cwd: str, result: str, timeout: float = 300) -> Counted:
@@ -56,4 +62,4 @@ def run_counted(argv: list[str], env: dict[str, str], cwd: str, result: str, tim
                           errors="replace", env=env, cwd=cwd, timeout=timeout)
     with open(result) as fh:
         got = json.load(fh)
-    return Counted(got["rc"], proc.stdout, proc.stderr, got["rchar"], got["read_bytes"])
+    return Counted(got["rc"], proc.stdout, proc.stderr, got["rchar"], got["read_bytes"], got["wall_s"], got["cpu_s"])
