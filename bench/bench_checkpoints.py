@@ -19,8 +19,9 @@
    and three passes of `reconcile watch`; each beside its floor, `cat` of the pick's files, cold
    or warm as the run it stands beside, interleaved in the same run.
 
-Cold: a new process and no validation cache; warm: the validation cache made by the run
-before (the page cache is warm in both: dropping it would disturb the machine's other users).
+Cold: a new process, no validation cache and no check record; warm: the validation cache and
+the check records made by the run before (the page cache is warm in both: dropping it would
+disturb the machine's other users; the real-size case drops it).
 The floor: the same directory listed and, per file the check opens, an open, the header and the
 last page read, a close, and the index and trainer_state.json parsed, in one Python process
 (no interpreter start-up counted in it: that start-up is printed apart).
@@ -117,7 +118,8 @@ def reconcile_argv() -> list[str]:
 
 
 def run_diff(state: Path, cache: Path) -> float:
-    env = {**clean_env(), "RECONCILE_CACHE_DIR": str(cache)}
+    # The validation cache and the check records both in `cache`: a new one is neither.
+    env = {**clean_env(), "RECONCILE_CACHE_DIR": str(cache), "RECONCILE_STATE_DIR": str(cache / "state")}
     t = time.perf_counter()
     proc = subprocess.run(reconcile_argv() + ["diff", str(state)], capture_output=True, text=True, env=env)
     took = time.perf_counter() - t
@@ -226,7 +228,7 @@ def watch_passes(state: Path, env: dict[str, str], tmp: Path, passes: int) -> li
     return out
 
 
-def real_size(tmp: Path, gb: float) -> str:
+def real_size(tmp: Path, gb: float, cold_runs: int = 3) -> str:
     run = tmp / "real"
     log(f"writing 3 Trainer checkpoints of {gb:g} GB each with torch and safetensors")
     write_real_run(run, gb)
@@ -255,23 +257,41 @@ def real_size(tmp: Path, gb: float) -> str:
                     f"{got.cpu_s:.2f} s | {floor.wall_s:.2f} s ({floor.rchar / 1e6:,.0f} MB) | "
                     f"{got.wall_s / floor.wall_s:.2f}x |")
 
-    how = drop_caches(files)
-    floor_cold = counted(cat)
-    drop_caches(files)
-    cold = counted(diff)  # no record yet
-    row("`diff` cold, no record", cold, floor_cold)
+    empty = tmp / "real-empty"
+    empty.mkdir()
+    fixed_state = tmp / "state-real-empty.yaml"
+    fixed_state.write_text(f"version: 1\ncheckpoints:\n  run:\n    dir: {empty}\n    layout: hf-trainer\n")
+    fixed_diff = reconcile_argv() + ["diff", str(fixed_state)]
+    counted(fixed_diff)  # (its validation cache, as the run dir's state file gets from its first run)
+    counted(diff + ["--recheck"])
+    # Cold, interleaved, `cold_runs` times (medians): the floor, reconcile's fixed cost (the
+    # interpreter and its modules read from the disk too), and a diff with no record.
+    interpreter = [p for p in (ROOT / ".venv").rglob("*") if p.is_file() and p.suffix in (".pyc", ".so")]
+    interpreter += [p for p in Path(sys.base_prefix, "lib").rglob("*.pyc") if p.is_file()]
+    floors, fixeds, colds = [], [], []
+    how = ""
+    for _ in range(cold_runs):
+        how = drop_caches(files + interpreter)
+        floors.append(counted(cat))
+        drop_caches(files + interpreter)
+        fixeds.append(counted(fixed_diff))
+        shutil.rmtree(tmp / "st", ignore_errors=True)  # no record
+        drop_caches(files + interpreter)
+        colds.append(counted(diff))
+
+    def mid(xs):
+        return sorted(xs, key=lambda g: g.wall_s)[len(xs) // 2]
+
+    floor_cold = mid(floors)
+    row(f"`diff` cold, no record (median of {cold_runs})", mid(colds), floor_cold)
+    row("`diff` cold of an empty run directory (the fixed cost, cold)", mid(fixeds), floor_cold)
     floor_warm = counted(cat)
     second = counted(diff)
     row("`diff` again (the record)", second, floor_warm)
     floor_warm = counted(cat)
     recheck = counted(diff + ["--recheck"])
     row("`diff --recheck` (every pass before records)", recheck, floor_warm)
-    empty = tmp / "real-empty"
-    empty.mkdir()
-    fixed_state = tmp / "state-real-empty.yaml"
-    fixed_state.write_text(f"version: 1\ncheckpoints:\n  run:\n    dir: {empty}\n    layout: hf-trainer\n")
-    counted(reconcile_argv() + ["diff", str(fixed_state)])  # (its validation cache)
-    fixed = counted(reconcile_argv() + ["diff", str(fixed_state)])
+    fixed = counted(fixed_diff)
     rows.append(f"| `diff` of an empty run directory (the fixed cost) | {fixed.rchar / 1e6:,.1f} MB | "
                 f"{fixed.read_bytes / 1e6:,.1f} MB | {fixed.wall_s:.2f} s | {fixed.cpu_s:.2f} s | | |")
     floor_warm = counted(cat)
@@ -306,6 +326,7 @@ def main() -> None:
         log("making 100 checkpoints and an 8-shard sparse model")
         make_hf_run(tmp / "hf100", 100)
         make_sharded(tmp / "sharded")
+        settle(tmp / "sharded")  # past the records' racy window: the first diff's checks are recorded
         rows = ["| run directory | verify | diff cold | diff warm | floor (reads in-process) |",
                 "|---|---|---|---|---|"]
         rows.append(bench("100 checkpoints (1 MiB model each)", tmp / "hf100", "structure", args.runs, tmp))
