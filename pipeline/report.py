@@ -116,6 +116,18 @@ def to_json(report: RunReport) -> dict[str, Any]:
     }
 
 
+def drifted_count(doc: dict[str, Any]) -> int:
+    """Resources of a report's JSON form with some drift (the inventory's DRIFT column)."""
+    return sum(1 for r in doc["resources"] if r["drift"])
+
+
+def action_count(doc: dict[str, Any]) -> int:
+    """A report's actions: those carried out (done or failed) by an apply, else those planned."""
+    s = doc["summary"]
+    applied = doc["command"] == "apply" and not doc.get("dry_run")
+    return s.get("actions_done", 0) + s.get("actions_failed", 0) if applied else s.get("actions_planned", 0)
+
+
 def refusal_doc(refusal: Refusal, command: str, state_file: str, dry_run: bool = False,
                 host: str | None = None) -> dict[str, Any]:
     """A Refusal (pipeline/runs.py) as the error report every format renders: with `problems`
