@@ -1,5 +1,6 @@
-"""The doors to machines: the local host (host.py), one other machine over SSH or behind a
-command prefix (remote.py, `--host` / `--via`), and many at once (inventory.py, `--inventory`)."""
+"""The doors: one other machine over SSH or behind a command prefix (remote.py, `--host` /
+`--via`), many at once (inventory.py, `--inventory`), Slurm's health check (slurm.py), and what
+consumes a finished run (sinks/). No click below the command line (tests/test_runs.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ if TYPE_CHECKING:
 def run_elsewhere(command: str, file: str | None, fmt: str, verbose: bool, opts: RemoteOptions, *,
                   dry_run: bool = False, journal: str | None = None, lock_timeout: str | None = None) -> int:
     """diff / apply with --host, --via or --inventory; returns the exit code. Errors are printed
-    here without click (doors/ is below the command line)."""
+    without click (doors/ is below the command line: remote.echo_err)."""
     from ..core.refusals import Refusal
     from ..views import render
-    from .remote import RemoteError, RemoteFailed, _last_line, duration_option, refusal_reason
+    from .remote import RemoteError, RemoteFailed, _last_line, duration_option, echo_err, refusal_reason
 
     try:
         if sum(bool(x) for x in (opts.host, opts.via, opts.inventory)) > 1:
@@ -40,13 +41,13 @@ def run_elsewhere(command: str, file: str | None, fmt: str, verbose: bool, opts:
         doc = run_on_target(command, file, opts, run_timeout, dry_run=dry_run, journal=journal,
                             lock_timeout=lock_timeout)
     except RemoteError as exc:
-        _say(f"reconcile: error: {exc}\n")
+        echo_err(f"reconcile: error: {exc}\n")
         if fmt != "text" and not opts.inventory:
             # A CI audit stores stdout: the host that could not be reached is a report saying so.
             render(_refusal(command, file, opts, Refusal(refusal_reason(str(exc)), str(exc)), dry_run), fmt)
         return 1
     except RemoteFailed as exc:
-        _say(exc.stderr)
+        echo_err(exc.stderr)
         if fmt != "text":
             report = exc.report
             if report is None:  # an older reconcile there, or a refusal before any report: its last line
@@ -63,15 +64,3 @@ def _refusal(command: str, file: str | None, opts: RemoteOptions, refusal: Refus
 
     return refusal_doc(refusal, command, file or "", dry_run=dry_run, host=opts.host or opts.via or "")
 
-
-def _say(text: str) -> None:
-    """Text to stderr as click.echo(err=True) writes it: flushed, and what the terminal cannot
-    encode replaced rather than raised (a path from the far side)."""
-    import sys
-
-    stream = sys.stderr
-    try:
-        stream.write(text)
-    except UnicodeEncodeError:
-        stream.write(text.encode(stream.encoding or "utf-8", "replace").decode(stream.encoding or "utf-8"))
-    stream.flush()

@@ -303,3 +303,18 @@ def test_every_reason_renders_in_every_format(fmt):
             infos = [s.labels for fam in text_string_to_metric_families(out.getvalue()) for s in fam.samples
                      if s.name == "reconcile_error_info"]
             assert infos == [{"reason": reason}]
+
+
+def test_below_the_command_line_nothing_imports_click():
+    """click is the command line's (cli.py; commands.py prints through it when there is an error):
+    the doors, the sinks and the run path print without it."""
+    wrong = []
+    for rel in package_modules():
+        if rel.parts[0] in ("cli.py", "commands.py", "__main__.py"):
+            continue
+        for node in ast.walk(ast.parse((ROOT / rel).read_text(), str(rel))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] == "click" for n in names):
+                wrong.append(f"{rel}:{node.lineno}")
+    assert not wrong
