@@ -64,7 +64,7 @@ def build_resources(doc: dict[str, Any],
 
     for key in KINDS:
         if key in doc and doc[key] is not None:
-            rec = reconciler_for(key)
+            rec = declared.get(KINDS[key].prefix) or reconciler_for(key)
             built = rec.resources(doc[key])
             built = [r if all(canonical(n) == n for n in r.needs)
                      else replace(r, needs=tuple(canonical(n) for n in r.needs)) for r in built]

@@ -98,8 +98,10 @@ class UnitsReconciler(Reconciler):
             else:
                 # Whatever else is declared, diff could never observe it: `systemctl show` and
                 # `is-active` refuse a template's name (systemd 252: "Unit name foo@.service is
-                # neither a valid invocation ID nor unit name"); running, enabled and masked are
-                # states of its instances. Refused at the name, before diff says so.
+                # neither a valid invocation ID nor unit name"). `is-enabled` does read a
+                # template's unit file, but enabling one acts on an instance (DefaultInstance=)
+                # and masking one masks every instance: declared per instance, each is observed.
+                # Refused at the name, before diff says so.
                 out.append(((name,), f"{dotted((name,))}: a template has no state of its own to check: systemd "
                                       f"keeps one only for its instances (`systemctl show {name}`: "
                                       f"\"neither a valid invocation ID nor unit name\"); {instead}"))
