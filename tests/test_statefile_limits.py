@@ -7,7 +7,8 @@ can never hold.
 - U+0085 (NEL) is refused with the other C1 control characters, where it stands.
 - What the schema allows but can never hold (min_done above total, a template declared active,
   a zero probe or observe timeout) is refused by `validate` (so the pre-commit hook catches it),
-  at the offending value.
+  at the offending value; a template declared with any other state (which diff could never
+  observe: tests/test_units_trust.py asks systemd) at its name.
 - An inventory's messages call it an inventory.
 """
 
@@ -131,6 +132,8 @@ IMPOSSIBLE = [
      'mounts."/data".probe_timeout: 0 leaves no time to answer'),
     ("extraction-observe-timeout-0ms", "extractions:\n  x:\n    dir: /srv/x\n    total: 1\n    observe_timeout: 0ms\n",
      (6, 22), "extractions.x.observe_timeout: 0ms leaves no time"),
+    ("template-enabled", "units:\n  t@.service:\n    enabled: false\n", (3, 3),
+     'units."t@.service": a template has no state of its own to check'),
     ("gpus-observe-timeout-0s", "gpus:\n  observe_timeout: 0s\n", (3, 20), "gpus.observe_timeout: 0s leaves no time"),
 ]
 
@@ -150,6 +153,6 @@ def test_what_can_hold_next_to_it_still_validates(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text("version: 1\nextractions:\n  x:\n    dir: /srv/x\n    total: 10\n    min_done: 10\n"
                     "mounts:\n  /data:\n    probe_timeout: 1ms\n"
-                    "units:\n  t@.service:\n    enabled: false\n  t@a.service:\n    active: true\n")
+                    "units:\n  t@a.service:\n    active: true\n  t@b.service:\n    enabled: masked\n")
     proc = run_cli(tmp_path, "validate", str(path))
     assert proc.returncode == 0, proc.stderr

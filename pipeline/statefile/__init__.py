@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ...core.contract import Reconciler, Resource
@@ -53,10 +53,21 @@ def build_resources(doc: dict[str, Any],
     """Every declared resource, kind by kind in registry order; `on_kind(reconciler, resources)`
     is called as each kind is built (engine.Prefetch starts observing it there)."""
     resources: list[Resource] = []
+    declared = {KINDS[key].prefix: reconciler_for(key) for key in KINDS
+                if key in doc and doc[key] is not None and not KINDS[key].singleton}
+
+    def canonical(need: str) -> str:
+        # `needs: [mount:/tmp/]` names the resource declared `/tmp` (Reconciler.canonical_name).
+        prefix, colon, name = need.partition(":")
+        rec = declared.get(prefix) if colon else None
+        return f"{prefix}:{rec.canonical_name(name)}" if rec is not None else need
+
     for key in KINDS:
         if key in doc and doc[key] is not None:
-            rec = reconciler_for(key)
+            rec = declared.get(KINDS[key].prefix) or reconciler_for(key)
             built = rec.resources(doc[key])
+            built = [r if all(canonical(n) == n for n in r.needs)
+                     else replace(r, needs=tuple(canonical(n) for n in r.needs)) for r in built]
             if on_kind is not None:
                 on_kind(rec, built)
             resources.extend(built)
@@ -186,10 +197,16 @@ def validate_text(text: str, label: str) -> dict[str, Any]:
                     paths[r.id] = (key,) if r.id == key else (key, r.name)
     problems = _check_needs(resources, label, pos, paths)
     found_by_code = []
+    whole = set(paths.values()) | {(key, name) for key in KINDS if not KINDS[key].singleton
+                                   and isinstance(data.get(key), dict) for name in data[key]}
     for key in KINDS:  # what only a kind's code can check (a minimum above a maximum)
         if isinstance(data.get(key), dict):
             for where, msg in reconciler_for(key).problems(data[key]):
-                found_by_code.append((pos.of_value((key, *where)), f"{key}.{msg}"))
+                # A problem of a resource as a whole (a template unit, a duplicate mount point)
+                # stands at its name, the key; any other at the value it is about.
+                full = (key, *where)
+                at = pos.of_key(full) if full in whole else pos.of_value(full)
+                found_by_code.append((at, f"{key}.{msg}"))
     problems.extend(f"{label}:{line}:{col}: {msg}" for (line, col), msg in sorted(found_by_code))
     if problems:
         raise StateFileError(problems)
