@@ -116,6 +116,23 @@ def test_every_c1_control_character_is_refused_where_it_stands(tmp_path, char):
            "(write it as an escape such as \\x00 in a double-quoted string)\n")
 
 
+@pytest.mark.parametrize("code", [0x2028, 0x2029])
+@pytest.mark.parametrize("after", ["c", "\n"], ids=["inside", "before-a-newline"])
+def test_line_and_paragraph_separators_are_refused_where_they_stand(tmp_path, code, after):
+    # libyaml (YAML 1.1) counts them as line breaks, ruamel's own parser (YAML 1.2) does not: the
+    # positions of everything after one would depend on which parser is installed.
+    path = tmp_path / "s.yaml"
+    path.write_text(f"version: 1\nhost: ab{chr(code)}{after}\n")
+    proc = run_cli(tmp_path, "validate", str(path))
+    assert (proc.returncode, proc.stderr) == (
+        1, f"{path}:2:9: line separator U+{code:04X} is not allowed in a state file: YAML parsers and editors "
+           f"disagree on where the next line starts (write it as an escape, \\u{code:04x}, in a double-quoted "
+           "string)\n")
+    escaped = tmp_path / "e.yaml"
+    escaped.write_text(f'version: 1\nhost: "ab\\u{code:04x}c"\n')
+    assert run_cli(tmp_path, "validate", str(escaped)).returncode == 0
+
+
 def test_nel_written_as_an_escape_is_accepted(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text('version: 1\nhost: "ab\\x85c"\n')
