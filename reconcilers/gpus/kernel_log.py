@@ -361,6 +361,8 @@ def _read_journal(boot: str) -> tuple[LogFold, KernelLog | None, str]:
                                  f"`{JOURNAL}` exited {code}" + (f": {said[0]}" if said else ""))
     if first_lines and not cursor:
         return LogFold(), None, f"`{JOURNAL}` holds no kernel messages"
+    if first_lines and cursor:  # not even the cursor's own entry
+        fold.gap(f"the journal no longer holds the entry last read ({_stamp(rec or {})}) nor any after it")
     if cursor and rec:
         log = KernelLog(JOURNAL, complete=bool(rec.get("complete", True)), note=str(rec.get("note", "")),
                         lines_read=fold.lines - before, resumed=True)
@@ -378,4 +380,4 @@ def _stamp_of(line: str) -> str:
 
 
 def _stamp(rec: dict[str, Any]) -> str:
-    return _stamp_of(str(rec["position"].get("entry", "")))
+    return _stamp_of(str((rec.get("position") or {}).get("entry", "")))
