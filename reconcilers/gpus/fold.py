@@ -37,6 +37,7 @@ _FALLEN_RES = (re.compile(r"NVRM: GPU " + _BDF + r": GPU has fallen off the bus"
 _PROBE_GPU = "NVRM: The NVIDIA GPU "
 _PROBE_GPU_RE = re.compile(_PROBE_GPU + _BDF)
 _LOAD = "NVRM: loading NVIDIA UNIX"  # a driver load: a fixed string
+_LOAD_TAIL, _PROBE_TAIL = _LOAD[5:], _PROBE_GPU[5:]  # the same after `NVRM:`
 _BOOT_RE = re.compile(r"\bLinux version \d")
 _RESET = " was successfully reset"
 _RESET_RE = re.compile(r"\bGPU " + _BDF + _RESET)
@@ -129,25 +130,25 @@ class LogFold:
             else:
                 self.lines += len(lines) if lines is not None else text.count("\n") + 1
             return
-        if "Linux version " in text or _LOAD in text or _RESET in text or _PROBE_GPU in text:
+        if "Linux version " in text or _RESET in text or not self._feed_counted(
+                text, len(lines) if lines is not None else text.count("\n") + 1):
             # a boot, driver load, reset or probe message: where each line is matters
             self._feed_each(lines if lines is not None else text.split("\n"))
-            return
-        self._feed_counted(text, len(lines) if lines is not None else text.count("\n") + 1)
 
-    def _feed_counted(self, text: str, count: int) -> None:
+    def _feed_counted(self, text: str, count: int) -> bool:
         """COUNT lines with no (re)initialisation among them: where a fault falls between them does
         not change whether it is current, so each distinct message is counted at C speed (a storm
         of 800,000 lines is a few dozen messages), judged once, and its first and last line looked
         up for their times."""
         tails = _TAIL_RE.findall(text)
-        counts = Counter(tails)
         last_at = dict(zip(tails, range(len(tails)), strict=True))  # in the order each first appears
+        if any(_LOAD_TAIL in tail or _PROBE_TAIL in tail for tail in last_at):
+            return False  # a driver load or a probe message: a line at a time (nothing was folded yet)
+        counts = Counter(tails)
         self.lines += count
         n = self.lines  # every fault here is after the last (re)initialisation and before the next
         cache, events = self._cache, self.events
         latest: dict[tuple, tuple[int, str]] = {}  # fold key -> (index of its latest line here, message)
-        ended = text + "\n"
         for tail, at in last_at.items():
             hit = cache.get(tail) or self._classify(tail, cache)
             if hit is _NOTHING or hit is _LOAD_MARK or hit[0] == "reset":
@@ -155,7 +156,7 @@ class LogFold:
             key, detail = hit[1], hit[2]
             ev = events.get(key)
             if ev is None:
-                head = _head(ended, ended.find("NVRM:" + tail + "\n"))
+                head = _head(text, _line_of(text, "NVRM:" + tail, last=False))
                 ev = events[key] = [key[0], key[1], detail, key[2], head, head, 0, n, False]
             ev[COUNT] += counts[tail]
             if at > latest.get(key, (-1, ""))[0]:
@@ -164,7 +165,8 @@ class LogFold:
                 ev[VARIES] = True
         for key, (_, tail) in latest.items():
             ev = events[key]
-            ev[LAST], ev[LAST_N] = _head(ended, ended.rfind("NVRM:" + tail + "\n")), n
+            ev[LAST], ev[LAST_N] = _head(text, _line_of(text, "NVRM:" + tail, last=True)), n
+        return True
 
     def _feed_each(self, lines: Iterable[str]) -> None:
         # A line at a time: a fixed-string test first (a kernel log is mostly other lines), then
@@ -271,6 +273,22 @@ class LogFold:
                                    current=current, keep_off=keep_off, action=action, step=step_text(action),
                                    why=why, varies=ev[VARIES]))
         return tuple(out)
+
+
+def _line_of(text: str, needle: str, last: bool) -> int:
+    """Where NEEDLE ends a line of TEXT, first or last (a longer message may begin with it)."""
+    start, end = 0, len(text)
+    while True:
+        at = text.rfind(needle, start, end) if last else text.find(needle, start, end)
+        if at < 0:
+            return -1
+        stop = at + len(needle)
+        if stop == len(text) or text[stop] == "\n":
+            return at
+        if last:
+            end = stop - 1
+        else:
+            start = at + 1
 
 
 def _head(text: str, at: int) -> str:
