@@ -188,9 +188,10 @@ def seed_gpus(n: int = 8, **kw) -> list[FakeGpu]:
 
 def nvml_env(libdir: Path | None, config: Path | None) -> dict[str, str]:
     """Environment entries that point pynvml at the fake (None: no library at all), and the gpus
-    kind's kernel log at an empty file beside the config: what this machine's dmesg holds (its
-    ring buffer may no longer reach back to boot, which makes every GPU's health unknown) is not
-    the test's input. A test that gives its own RECONCILE_KERNEL_LOG puts it after these."""
+    kind's kernel log at an empty file beside the config (its state directory too): what this
+    machine's ring buffer holds (it may no longer reach back to boot, which makes every GPU's
+    health unknown) is not the test's input. A test that gives its own RECONCILE_KERNEL_LOG puts
+    it after these."""
     env = {}
     if libdir is not None:
         env["LD_LIBRARY_PATH"] = str(libdir)
@@ -199,6 +200,8 @@ def nvml_env(libdir: Path | None, config: Path | None) -> dict[str, str]:
         klog = Path(config).parent / "empty-kern.log"
         klog.touch()
         env["RECONCILE_KERNEL_LOG"] = str(klog)
+        # The kernel log's read record and the locked-clock record: beside the config, never /var/lib.
+        env["RECONCILE_STATE_DIR"] = str(Path(config).parent / "state")
     return env
 
 
