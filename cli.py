@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from . import FORMAT_VERSION, __version__
+from . import FORMAT_VERSION, __version__, views
 
 # The steps the commands share, and `diff` itself, are in commands.py: click-free, so that
 # __main__.py runs the plain `reconcile diff FILE` without importing click.
@@ -40,7 +40,7 @@ def parse_duration_option(value: str, flag: str) -> float:
         raise AssertionError from None
 
 
-FORMATS = click.Choice(["text", "json", "junit", "prometheus"])
+FORMATS = click.Choice(list(views.FORMATS))  # the one table of formats (views/__init__.py)
 
 
 class ReconcileGroup(click.Group):

@@ -22,7 +22,6 @@ from typing import Any
 
 EXIT_OK, EXIT_ERROR, EXIT_DRIFT = 0, 1, 2
 STATE_LABEL = "reconcile.state_label"  # click context meta key, set by --state-label
-FORMAT_CHOICES = ("text", "json", "junit", "prometheus")  # cli.FORMATS
 # click's shell completion is asked for through this variable (click's `_{PROG}_COMPLETE`).
 COMPLETE_VAR = "_RECONCILE_COMPLETE"
 
@@ -209,6 +208,8 @@ def read_plain_diff(args: Sequence[str], environ: Mapping[str, str]) -> dict[str
     Request.args): a hundred hosts each save click's import."""
     if COMPLETE_VAR in environ:
         return None
+    from .views import FORMATS  # the one table of formats (click's --format choice reads it too)
+
     file: str | None = None
     fmt: str | None = None
     verbose = False
@@ -223,11 +224,11 @@ def read_plain_diff(args: Sequence[str], environ: Mapping[str, str]) -> dict[str
                 return None
         elif word == "--format" and fmt is None:
             fmt = next(words, None)
-            if fmt not in FORMAT_CHOICES:
+            if fmt not in FORMATS:
                 return None
         elif word.startswith("--format=") and fmt is None:
             fmt = word[len("--format="):]
-            if fmt not in FORMAT_CHOICES:
+            if fmt not in FORMATS:
                 return None
         elif word and (word == "-" or not word.startswith("-")) and file is None:
             file = word

@@ -161,6 +161,26 @@ def to_plain(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class Sample:
+    """One sample of a kind's metric: its labels and value. None: not known, and so not written
+    (views/prometheus.py: unknown is never 0)."""
+
+    value: float | int | bool | None
+    labels: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric family a kind contributes to the Prometheus view: name, help text, type and the
+    samples of one resource. Families are written in the order the kind gives them."""
+
+    name: str  # reconcile_<kind>_..., with its base unit (Prometheus' naming conventions)
+    help: str
+    samples: tuple[Sample, ...] = ()
+    type: str = "gauge"
+
+
+@dataclass(frozen=True)
 class Context:
     """What a reconciler may know about the rest of the declared state while planning.
 
@@ -228,6 +248,13 @@ class Reconciler:
     def problems(self, section: Any) -> list[tuple[tuple, str]]:
         """What the schema cannot check in this kind's section (a minimum above a maximum): (the path
         inside the section, message) each, reported as `FILE:LINE:COL: message` (optional)."""
+        return []
+
+    def metrics(self, resource: Mapping[str, Any], report: Mapping[str, Any]) -> list[Metric]:
+        """The kind's own metrics of one resource (optional), read from the report's JSON form
+        (pipeline/report.py), since a report from a remote host arrives as JSON: `resource` is
+        one entry of its `resources`, whose `observed` is a mapping; `report` the whole report
+        (its `machine`). views/prometheus.py writes them after the metrics every kind has."""
         return []
 
     def settles(self, drift: Sequence[Drift]) -> bool:

@@ -10,7 +10,6 @@ table. The exit code is the worst host's: 1 (error) over 2 (drift) over 0.
 from __future__ import annotations
 
 import fnmatch
-import io
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import FORMAT_VERSION, __version__
+from ..pipeline.report import action_count, drifted_count
 from ..pipeline.statefile import StateFileError
 from ..pipeline.statefile.schema import SCHEMA_DIR
 from . import remote
@@ -142,15 +142,11 @@ class HostResult:
 
     @property
     def drift_count(self) -> int | None:
-        return None if self.report is None else sum(1 for r in self.report["resources"] if r["drift"])
+        return None if self.report is None else drifted_count(self.report)
 
     @property
     def action_count(self) -> int | None:
-        if self.report is None:
-            return None
-        s = self.report["summary"]
-        applied = self.report["command"] == "apply" and not self.report.get("dry_run")
-        return s.get("actions_done", 0) + s.get("actions_failed", 0) if applied else s.get("actions_planned", 0)
+        return None if self.report is None else action_count(self.report)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"host": self.host.name, "target": self.host.target_text, "state_file": self.host.state,
@@ -219,13 +215,13 @@ def same_machines(results: list[HostResult]) -> list[HostResult]:
 
 def run_inventory(command: str, opts: remote.RemoteOptions, fmt: str, verbose: bool, *, dry_run: bool = False,
                   journal: str | None = None, lock_timeout: str | None = None, run_timeout: float = 3600.0) -> int:
-    import sys
-
     import click
 
-    if fmt == "prometheus":  # refused before any host is touched
-        raise remote.RemoteError("--format prometheus is per host: run it on each host (node_exporter's "
-                                 "textfile collector), or use --report-dir with --format json")
+    from ..views import inventory_refusal, render_inventory
+
+    refusal = inventory_refusal(fmt)
+    if refusal:  # refused before any host is touched
+        raise remote.RemoteError(refusal)
     try:
         inv = load_inventory(opts.inventory or "")
     except StateFileError as exc:
@@ -261,14 +257,7 @@ def run_inventory(command: str, opts: remote.RemoteOptions, fmt: str, verbose: b
                 (out_dir / f"{entry['host']}.json").write_text(json.dumps(entry, indent=2) + "\n")
         except OSError as exc:
             raise remote.RemoteError(f"--report-dir {out_dir}: {exc.strerror}") from None
-    if fmt == "json":
-        click.echo(json.dumps(doc, indent=2))
-    elif fmt == "junit":
-        from ..views.junit import render_inventory_junit
-
-        render_inventory_junit(doc, sys.stdout)
-    else:
-        click.echo(render_text(results, doc, verbose), nl=False)
+    render_inventory(doc, fmt, verbose=verbose)
     return worst
 
 
@@ -282,40 +271,3 @@ def summary(results: list[HostResult]) -> dict[str, Any]:
     out["resources_drifted"] = sum(r.drift_count or 0 for r in results)
     out["actions"] = sum(r.action_count or 0 for r in results)
     return out
-
-
-def render_text(results: list[HostResult], doc: dict[str, Any], verbose: bool) -> str:
-    import sys
-
-    from ..views.text import Style
-    from ..views.text import render_text as render_report
-
-    out = io.StringIO()
-    style = Style(sys.stdout)  # colour when the real output is a terminal
-    for r in results:
-        out.write(f"=== {r.host.name} ({r.host.target_text}) ===\n")
-        if r.report is not None:
-            render_report(r.report, out, verbose=verbose, style=style)
-        else:
-            out.write("".join(f"error: {line}\n" for line in r.error.splitlines() or ["(no message)"]))
-        out.write("\n")
-    rows = [("HOST", "STATUS", "DRIFT", "ACTIONS", "SECONDS", "")]
-    for r in results:
-        dash = lambda v: "-" if v is None else str(v)  # noqa: E731
-        note = r.error.splitlines()[0] if r.error else ""
-        if r.same_machine_as:
-            more = f" (+{len(r.same_machine_as) - 1} more)" if len(r.same_machine_as) > 1 else ""
-            note = f"same machine as {r.same_machine_as[0]}{more} (machine-id)" + (f"; {note}" if note else "")
-        rows.append((r.host.name, r.status, dash(r.drift_count), dash(r.action_count), f"{r.seconds:.1f}", note))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    for row in rows:
-        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]),
-                 *(row[i].rjust(widths[i]) for i in (2, 3, 4))]
-        out.write("  ".join(cells) + (f"  {row[5]}" if row[5] else "") + "\n")
-    s = doc["summary"]
-    counts = ", ".join(f"{s[k]} {k}" for k in ("ok", "changed", "drift", "error") if s[k])
-    out.write(f"\n{s['hosts']} host{'s' if s['hosts'] != 1 else ''}: {counts}.\n")
-    if s.get("machines", s["hosts"]) != s["hosts"]:
-        out.write(f"warning: {s['hosts']} inventory names reached {s['machines']} machines (same machine-id): "
-                  "see the notes in the table\n")
-    return out.getvalue()

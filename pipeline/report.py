@@ -113,6 +113,18 @@ def to_json(report: RunReport) -> dict[str, Any]:
     }
 
 
+def drifted_count(doc: dict[str, Any]) -> int:
+    """Resources of a report's JSON form with some drift (the inventory's DRIFT column)."""
+    return sum(1 for r in doc["resources"] if r["drift"])
+
+
+def action_count(doc: dict[str, Any]) -> int:
+    """A report's actions: those carried out (done or failed) by an apply, else those planned."""
+    s = doc["summary"]
+    applied = doc["command"] == "apply" and not doc.get("dry_run")
+    return s.get("actions_done", 0) + s.get("actions_failed", 0) if applied else s.get("actions_planned", 0)
+
+
 # Why a run produced no report (the `error.reason` of an error report, report.schema.json).
 REFUSALS = ("state-file", "lock-held", "journal", "host-mismatch", "machine-mismatch", "plan", "unreachable",
             "remote-error", "internal-error")

@@ -56,7 +56,7 @@ KIND_SCHEMA = {
 def copy_with_a_new_kind(tmp: Path) -> Path:
     """The package copied to TMP/pkg/reconcile_host, plus the three places of a new kind."""
     pkg = tmp / "pkg" / "reconcile_host"
-    shutil.copytree(ROOT, pkg, ignore=shutil.ignore_patterns(".git", ".venv", "tests", "bench", "docs", "build",
+    shutil.copytree(ROOT, pkg, ignore=shutil.ignore_patterns(".git", ".venv*", "tests", "bench", "docs", "build",
                                                              "__pycache__", "*.egg-info", ".*cache"))
     (pkg / "reconcilers" / "files.py").write_text(KIND_MODULE)
     (pkg / "schema" / "kinds" / "files.schema.json").write_text(json.dumps(KIND_SCHEMA, indent=2))

@@ -101,7 +101,7 @@ def test_apply_waiting_for_a_resource_to_settle(monkeypatch):
 
     first = te.toy("a", want=1)
     mem = replace(te.toy("mem", want=0, needs=["toy:a"]), settle=30.0)
-    host = te.LocalHost()
+    host = te.Host()
     said = []
     host.on_progress = lambda *record: said.append(record)
     monkeypatch.setattr("reconcile_host.pipeline.engine.SETTLE_POLL", 0.01)

@@ -6,6 +6,7 @@ import json
 from typing import IO, Any
 
 
-def render_json(doc: dict[str, Any], out: IO[str]) -> None:
+def render_json(doc: dict[str, Any], out: IO[str], verbose: bool = False) -> None:
+    """A report, or an inventory run, as its JSON form (`verbose` changes nothing: JSON holds it all)."""
     json.dump(doc, out, indent=2)
     out.write("\n")

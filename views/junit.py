@@ -140,7 +140,7 @@ def to_junit(doc: dict[str, Any]) -> ET.Element:
     return root
 
 
-def render_junit(doc: dict[str, Any], out: IO[str]) -> None:
+def render_junit(doc: dict[str, Any], out: IO[str], verbose: bool = False) -> None:
     root = to_junit(doc)
     ET.indent(root)
     out.write('<?xml version="1.0" encoding="UTF-8"?>\n')
@@ -148,7 +148,7 @@ def render_junit(doc: dict[str, Any], out: IO[str]) -> None:
     out.write("\n")
 
 
-def render_inventory_junit(doc: dict[str, Any], out: IO[str]) -> None:
+def render_inventory_junit(doc: dict[str, Any], out: IO[str], verbose: bool = False) -> None:
     """An inventory run: one <testsuite> per host (its report's, as above), and for a host with no
     report (unreachable, refused) a suite of one <error> whose type is the reason."""
     title = f"reconcile {doc['command']}{' --dry-run' if doc.get('dry_run') else ''} --inventory"

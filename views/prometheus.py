@@ -8,6 +8,9 @@ the current one and 0 for the others, so a rule can say `== 1` and a vanished se
 mistaken for a healthy one. What reconcile could not read is left out, never written as 0
 (unknown is never ok); the resource's `status` says why.
 
+The metrics every report has are written here; each kind adds its own from its observed state
+(Reconciler.metrics: reconcilers/<kind>/metrics.py), so this view names no kind.
+
 Counters exist only where a process lives across runs: `reconcile watch` keeps them
 (TextfileExporter); a one-off `diff`/`apply` reports the counts of its own run as gauges.
 """
@@ -24,7 +27,6 @@ from ..core.atomic import write_text
 from ..pipeline.report import STATUSES
 
 TEXTFILE_NAME = "reconcile.prom"
-GPU_HEALTH = ("healthy", "unhealthy", "unknown")
 ACTION_RESULTS = ("planned", "done", "failed", "skipped")
 
 
@@ -133,14 +135,7 @@ def report_metrics(doc: Mapping[str, Any] | None, m: Metrics | None = None, up: 
         m.add("reconcile_last_run_actions",
               sum(1 for res in resources for a in res.get("actions", []) if a.get("result") == result),
               {"result": result})
-    for res in resources:
-        observed = res.get("observed")
-        if not isinstance(observed, Mapping):
-            continue
-        if res["kind"] == "gpus":
-            _gpu_metrics(m, res["id"], observed, (doc.get("machine") or {}).get("hostname") or doc.get("host", ""))
-        elif res["kind"] == "extraction":
-            _extraction_metrics(m, res["id"], observed)
+    _kind_metrics(m, doc)
     return m
 
 
@@ -155,67 +150,25 @@ def _machine_metrics(m: Metrics, machine: Mapping[str, Any] | None) -> None:
     m.add("reconcile_machine_info", 1, {k: machine.get(k) or "" for k in keys})
 
 
-def _gpu_metrics(m: Metrics, rid: str, observed: Mapping[str, Any], hostname: str = "") -> None:
-    gpus = observed.get("gpus") or []
-    m.family("reconcile_gpus_visible", "gauge", "GPUs the driver shows.")
-    m.add("reconcile_gpus_visible", len(gpus), {"id": rid})
-    m.family("reconcile_gpu_health", "gauge", "1 for the GPU's memory health (DCGM's memory watch: ECC, "
-                                              "retired pages, row remapping), 0 for the others.")
-    m.family("reconcile_gpu_memory_used_bytes", "gauge", "GPU memory in use.")
-    m.family("reconcile_gpu_memory_total_bytes", "gauge", "GPU memory in all.")
-    m.family("reconcile_gpu_temperature_celsius", "gauge", "GPU temperature.")
-    m.family("reconcile_gpu_power_watts", "gauge", "GPU power draw.")
-    m.family("reconcile_gpu_info", "gauge", "One per GPU, 1, labelled as NVIDIA's dcgm-exporter labels its "
-                                            "series (gpu, UUID, pci_bus_id, device, Hostname), and its model.")
-    for g in gpus:
-        # `UUID` and `pci_bus_id` as dcgm-exporter spells them (its DCGM_FI_* series carry gpu, UUID,
-        # pci_bus_id, device, modelName, Hostname): `* on (UUID) group_left` joins the two without
-        # label_replace; `uuid`/`bus_id` stay for the rules and queries written before. The model is
-        # `model_name`: promtool's lint refuses camelCase label names, and dcgm's modelName comes
-        # with the join (group_left (modelName)).
-        labels = {"gpu": g.get("index"), "uuid": g.get("uuid", ""), "bus_id": g.get("bus_id", ""),
-                  "UUID": g.get("uuid", ""), "pci_bus_id": g.get("bus_id", "")}
-        minor = g.get("minor")
-        m.add("reconcile_gpu_info", 1, {"gpu": g.get("index"), "UUID": g.get("uuid", ""),
-                                        "pci_bus_id": g.get("bus_id", ""),
-                                        "device": f"nvidia{minor}" if isinstance(minor, int) else "",
-                                        "model_name": g.get("name") or "", "Hostname": hostname})
-        health = g.get("health", "unknown")
-        for value in GPU_HEALTH:
-            m.add("reconcile_gpu_health", int(health == value), {**labels, "health": value})
-        m.add("reconcile_gpu_memory_used_bytes", g.get("memory_used"), labels)
-        m.add("reconcile_gpu_memory_total_bytes", g.get("memory_total"), labels)
-        m.add("reconcile_gpu_temperature_celsius", g.get("temperature_c"), labels)
-        m.add("reconcile_gpu_power_watts", g.get("power_w"), labels)
+def _kind_metrics(m: Metrics, doc: Mapping[str, Any]) -> None:
+    """Each kind's own metrics (Reconciler.metrics: the kind reads its own observed JSON), for
+    the resources that were observed. A kind this reconcile does not know (a report from a newer
+    one on a remote host) has none here."""
+    from ..reconcilers import key_of, reconciler_for
 
-
-def _extraction_metrics(m: Metrics, rid: str, observed: Mapping[str, Any]) -> None:
-    ident = {"id": rid}
-    m.family("reconcile_extraction_done_samples", "gauge", "Samples with a file not found damaged.")
-    m.family("reconcile_extraction_expected_samples", "gauge", "Samples the extraction writes in all (its total).")
-    m.family("reconcile_extraction_missing_samples", "gauge", "Samples without a usable file (allow_missing "
-                                                              "excluded).")
-    m.family("reconcile_extraction_damaged_files", "gauge", "Files found damaged by the last run.")
-    m.family("reconcile_extraction_writing_files", "gauge", "Incomplete files the running job is still writing.")
-    m.family("reconcile_extraction_rate_samples_per_second", "gauge", "Write rate from recent files' "
-                                                                      "modification times.")
-    m.family("reconcile_extraction_eta_seconds", "gauge", "Time left to min_done at the current rate.")
-    m.family("reconcile_extraction_newest_file_timestamp_seconds", "gauge", "Modification time of the newest "
-                                                                            "sample file (Unix time).")
-    m.family("reconcile_extraction_job_running", "gauge", "1 when the extraction's job runs.")
-    if not observed.get("exists", True):
-        return
-    m.add("reconcile_extraction_done_samples", observed.get("done"), ident)
-    m.add("reconcile_extraction_expected_samples", observed.get("total"), ident)
-    m.add("reconcile_extraction_missing_samples", observed.get("missing"), ident)
-    m.add("reconcile_extraction_damaged_files", len(observed.get("damaged") or ()), ident)
-    m.add("reconcile_extraction_writing_files", observed.get("writing"), ident)
-    m.add("reconcile_extraction_rate_samples_per_second", observed.get("rate"), ident)
-    m.add("reconcile_extraction_eta_seconds", observed.get("eta_s"), ident)
-    m.add("reconcile_extraction_newest_file_timestamp_seconds", observed.get("newest"), ident)
-    job = observed.get("job")
-    if isinstance(job, Mapping) and job.get("how") != "none":
-        m.add("reconcile_extraction_job_running", bool(job.get("running")), ident)
+    reconcilers: dict[str, Any] = {}
+    for res in doc.get("resources", []):
+        if not isinstance(res.get("observed"), Mapping):
+            continue
+        key = key_of(res["kind"])
+        if key is None:
+            continue
+        if key not in reconcilers:
+            reconcilers[key] = reconciler_for(key)
+        for metric in reconcilers[key].metrics(res, doc):
+            m.family(metric.name, metric.type, metric.help)
+            for sample in metric.samples:
+                m.add(metric.name, sample.value, sample.labels)
 
 
 def is_error_report(doc: Mapping[str, Any]) -> bool:
@@ -243,7 +196,7 @@ def _schedule_metrics(m: Metrics, interval: float, next_run: float) -> None:
     m.add("reconcile_next_run_timestamp_seconds", round(next_run, 3))
 
 
-def render_prometheus(doc: Mapping[str, Any], out: IO[str]) -> None:
+def render_prometheus(doc: Mapping[str, Any], out: IO[str], verbose: bool = False) -> None:
     out.write(run_metrics(doc).text())
 
 

@@ -101,3 +101,50 @@ def render_text(doc: dict[str, Any], out: IO[str], verbose: bool = False, style:
     else:
         verdict = "No actions planned."
     out.write(s(verdict, "bold") + f" {counts}.\n")
+
+
+def render_report(doc: dict[str, Any], out: IO[str], verbose: bool = False) -> None:
+    """`--format text` (views.FORMATS): one report."""
+    # Paths from the kernel that are not UTF-8 are kept as surrogates (os.fsdecode): on a
+    # terminal they go out as the bytes they were, never as a UnicodeEncodeError.
+    if getattr(out, "errors", None) == "strict" and hasattr(out, "reconfigure"):
+        out.reconfigure(errors="surrogateescape")
+    render_text(doc, out, verbose=verbose)
+
+
+def render_inventory(doc: dict[str, Any], out: IO[str], verbose: bool = False) -> None:
+    """`--format text --inventory` (views.FORMATS): each host's report (or why it has none), in
+    inventory order, then one table and the summary line, from the inventory's JSON form."""
+    from ..pipeline.report import action_count, drifted_count
+
+    style = Style(out)
+    hosts = doc["hosts"]
+    for entry in hosts:
+        out.write(f"=== {entry['host']} ({entry.get('target', '')}) ===\n")
+        if entry.get("report") is not None:
+            render_text(entry["report"], out, verbose=verbose, style=style)
+        else:
+            error = entry.get("error") or ""
+            out.write("".join(f"error: {line}\n" for line in error.splitlines() or ["(no message)"]))
+        out.write("\n")
+    rows = [("HOST", "STATUS", "DRIFT", "ACTIONS", "SECONDS", "")]
+    for entry in hosts:
+        report = entry.get("report")
+        error = entry.get("error") or ""
+        note = error.splitlines()[0] if error else ""
+        same = entry.get("same_machine_as") or []
+        if same:
+            more = f" (+{len(same) - 1} more)" if len(same) > 1 else ""
+            note = f"same machine as {same[0]}{more} (machine-id)" + (f"; {note}" if note else "")
+        rows.append((entry["host"], entry["status"], "-" if report is None else str(drifted_count(report)),
+                     "-" if report is None else str(action_count(report)), f"{entry['seconds']:.1f}", note))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        cells = [row[0].ljust(widths[0]), row[1].ljust(widths[1]), *(row[i].rjust(widths[i]) for i in (2, 3, 4))]
+        out.write("  ".join(cells) + (f"  {row[5]}" if row[5] else "") + "\n")
+    s = doc["summary"]
+    counts = ", ".join(f"{s[k]} {k}" for k in ("ok", "changed", "drift", "error") if s[k])
+    out.write(f"\n{s['hosts']} host{'s' if s['hosts'] != 1 else ''}: {counts}.\n")
+    if s.get("machines", s["hosts"]) != s["hosts"]:
+        out.write(f"warning: {s['hosts']} inventory names reached {s['machines']} machines (same machine-id): "
+                  "see the notes in the table\n")

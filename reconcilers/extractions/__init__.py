@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,7 @@ from ...core.contract import (
     ApplyError,
     Context,
     Drift,
+    Metric,
     ObserveError,
     Plan,
     Reconciler,
@@ -147,6 +148,11 @@ class ExtractionsReconciler(Reconciler):
                 out.append(((name, "min_done"), f"{dotted((name, 'min_done'))}: {min_done} can never be done: "
                                                  f"there are only {total} samples (total)"))
         return sorted(out)
+
+    def metrics(self, resource: Mapping[str, Any], report: Mapping[str, Any]) -> list[Metric]:
+        from .metrics import extraction_metrics
+
+        return extraction_metrics(resource, report)
 
     def resources(self, section: dict[str, Any]) -> list[Resource]:
         out = []

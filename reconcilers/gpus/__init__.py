@@ -28,7 +28,18 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ...common import systemd
-from ...core.contract import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource, run_action
+from ...core.contract import (
+    Action,
+    ApplyError,
+    Context,
+    Drift,
+    Metric,
+    ObserveError,
+    Plan,
+    Reconciler,
+    Resource,
+    run_action,
+)
 from ...core.host import CommandTimeout
 from ...core.values import never_answers, parse_duration, parse_size
 from ..containers.refs import containers_of
@@ -120,6 +131,11 @@ class GpusReconciler(Reconciler):
 
     def __init__(self) -> None:
         self._setters = Setters()  # one per run: a GPU lost during this apply is not tried again
+
+    def metrics(self, resource: Mapping[str, Any], report: Mapping[str, Any]) -> list[Metric]:
+        from .metrics import gpu_metrics
+
+        return gpu_metrics(resource, report)
 
     def resources(self, section: Mapping[str, Any]) -> list[Resource]:
         free = section.get("free_with") or {}
