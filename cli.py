@@ -109,14 +109,15 @@ def validate(files: tuple[str, ...]) -> None:
     bad = 0
     for f in files:
         try:
-            if f == "-":  # as diff reads it: at most one byte past the limit
-                load("<stdin>", text=sys.stdin.buffer.read(LIMITS.max_bytes + 1))
-            else:
-                load(f)
+            # `-`: as diff reads it, at most one byte past the limit
+            state = load("<stdin>", text=sys.stdin.buffer.read(LIMITS.max_bytes + 1)) if f == "-" else load(f)
         except StateFileError as exc:
             bad += 1
-            for problem in exc.problems:
-                click.echo(problem, err=True)
+            for line in exc.lines():  # problems, and the old spellings' warnings among them
+                click.echo(line, err=True)
+            continue
+        for warning in state.warnings:  # old spellings: valid, said (exit 0)
+            click.echo(warning, err=True)
     if bad:
         sys.exit(EXIT_ERROR)
     click.echo(f"{len(files)} state file{'s' if len(files) != 1 else ''} valid")
@@ -383,12 +384,12 @@ def version_command(as_json: bool) -> None:
 
 @main.command()
 def schema() -> None:
-    """Print the JSON Schema of the state file (for editors and CI)."""
+    """Print the JSON Schema of the state file (for editors and CI); old spellings are marked deprecated."""
     import json
 
-    from .pipeline.statefile import bundled_schema
+    from .pipeline.statefile import editor_schema
 
-    click.echo(json.dumps(bundled_schema(), indent=2))
+    click.echo(json.dumps(editor_schema(), indent=2))
 
 
 @main.command()

@@ -110,10 +110,14 @@ def load_state(path: str, prefetch=None, fmt: str = "text", command: str = "diff
                 state_label = ctx.meta.get(STATE_LABEL) if ctx else None
             label = state_label or "<stdin>"
             # One byte past the limit at most: `reconcile diff - < /dev/zero` is an error, not a MemoryError.
-            return load(label, text=sys.stdin.buffer.read(LIMITS.max_bytes + 1), on_kind=prefetch)
-        return load(path, on_kind=prefetch)
+            state = load(label, text=sys.stdin.buffer.read(LIMITS.max_bytes + 1), on_kind=prefetch)
+        else:
+            state = load(path, on_kind=prefetch)
+        for warning in state.warnings:  # old spellings: stderr only, so stdout stays the report
+            echo_err(warning)
+        return state
     except StateFileError as exc:
-        for problem in exc.problems:
+        for problem in exc.lines():
             echo_err(problem)
         if fmt != "text" or TEXTFILE:
             from .pipeline.report import error_report
