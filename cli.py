@@ -42,6 +42,19 @@ def parse_duration_option(value: str, flag: str) -> float:
 
 FORMATS = click.Choice(list(views.FORMATS))  # the one table of formats (views/__init__.py)
 
+# A path, for shell completion only (click completes files for a Path): reconcile reads and
+# judges the file itself (a FIFO, a directory, an unreadable file: one FILE:LINE:COL line).
+STATE_PATH = click.Path(readable=False)
+
+# Which FILE a command reads when none is given (commands.resolve_state_file), for its --help.
+WHICH_FILE = ("Without FILE: $RECONCILE_STATE, else states/<short hostname>.yaml, else ./state.yaml "
+              "(the first that exists).")
+
+
+def _names_which_file(fn):
+    fn.__doc__ = fn.__doc__.format(which=WHICH_FILE)
+    return fn
+
 
 class ReconcileGroup(click.Group):
     """Exit codes are a contract (0 ok, 1 error, 2 drift): a usage mistake is an error, exit 1 with
@@ -86,7 +99,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("files", nargs=-1, required=True)
+@click.argument("files", nargs=-1, required=True, type=STATE_PATH)
 def validate(files: tuple[str, ...]) -> None:
     """Check state FILES (`-`: the state on standard input); print FILE:LINE:COL: message for
     each problem."""
@@ -96,14 +109,15 @@ def validate(files: tuple[str, ...]) -> None:
     bad = 0
     for f in files:
         try:
-            if f == "-":  # as diff reads it: at most one byte past the limit
-                load("<stdin>", text=sys.stdin.buffer.read(LIMITS.max_bytes + 1))
-            else:
-                load(f)
+            # `-`: as diff reads it, at most one byte past the limit
+            state = load("<stdin>", text=sys.stdin.buffer.read(LIMITS.max_bytes + 1)) if f == "-" else load(f)
         except StateFileError as exc:
             bad += 1
-            for problem in exc.problems:
-                click.echo(problem, err=True)
+            for line in exc.lines():  # problems, and the old spellings' warnings among them
+                click.echo(line, err=True)
+            continue
+        for warning in state.warnings:  # old spellings: valid, said (exit 0)
+            click.echo(warning, err=True)
     if bad:
         sys.exit(EXIT_ERROR)
     click.echo(f"{len(files)} state file{'s' if len(files) != 1 else ''} valid")
@@ -223,15 +237,18 @@ def _remote_options(fn):
 
 
 @main.command()
-@click.argument("file", required=False)
+@click.argument("file", required=False, type=STATE_PATH)
 @_output_options
 @_remote_options
 @_sink_options("diff")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
               help="Also save the plan to this file; `reconcile apply PLAN` carries out exactly its actions, "
                    "and refuses when the host no longer matches it.")
+@_names_which_file
 def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, sink_options: dict) -> None:
     """Show drift and the planned actions; change nothing.
+
+    FILE is the state file (`-`: standard input). {which}
 
     Exit 0: no drift; 2: drift; 1: error.
     """
@@ -241,7 +258,7 @@ def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, sink_o
 
 
 @main.command()
-@click.argument("file", required=False)
+@click.argument("file", required=False, type=STATE_PATH)
 @_output_options
 @_remote_options
 @_sink_options("apply")
@@ -249,14 +266,16 @@ def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, sink_o
 @click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
               help="Journal file (default /var/lib/reconcile/journal.jsonl as root, "
                    "$XDG_STATE_HOME/reconcile/journal.jsonl otherwise). The lock file sits beside it.")
-@click.option("--lock-timeout", default="0s", show_default=True,
+@click.option("--lock-timeout", default="0s", show_default=True, metavar="DURATION",
               help="Wait this long for another apply to finish instead of failing at once.")
+@_names_which_file
 def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path: str | None,
           lock_timeout: str, sink_options: dict) -> None:
     """Act until the host matches the state file, then verify by observing again.
 
-    FILE may also be a plan saved by `diff --out`: its actions are carried out and nothing
-    else, or none at all (exit 1) when the state file or the host changed since.
+    FILE is the state file (`-`: standard input). {which} It may also be a plan saved by
+    `diff --out`: its actions are carried out and nothing else, or none at all (exit 1) when the
+    state file or the host changed since.
 
     Exit 0: every resource ok (or converging as intended); 2: drift remains;
     1: an error (bad input, lock held, wrong host, a resource that cannot be observed).
@@ -348,29 +367,31 @@ def version_command(as_json: bool) -> None:
 
 @main.command()
 def schema() -> None:
-    """Print the JSON Schema of the state file (for editors and CI)."""
+    """Print the JSON Schema of the state file (for editors and CI); old spellings are marked deprecated."""
     import json
 
-    from .pipeline.statefile import bundled_schema
+    from .pipeline.statefile import editor_schema
 
-    click.echo(json.dumps(bundled_schema(), indent=2))
+    click.echo(json.dumps(editor_schema(), indent=2))
 
 
 @main.command()
-@click.argument("file", required=False)
-@click.option("--interval", default="60s", show_default=True, help="Time between passes (e.g. 30s, 5m).")
+@click.argument("file", required=False, type=STATE_PATH)
+@click.option("--interval", default="60s", show_default=True, metavar="DURATION",
+              help="Time between passes (e.g. 30s, 5m).")
 @click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
               help="Journal file, as for apply; the lock file sits beside it.")
-@click.option("--lock-timeout", default="30s", show_default=True,
+@click.option("--lock-timeout", default="30s", show_default=True, metavar="DURATION",
               help="How long a pass waits for another apply to finish before skipping this pass.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every pass, not only those whose outcome changed.")
 @_sink_options("watch")
+@_names_which_file
 def watch(file: str | None, interval: str, journal_path: str | None, lock_timeout: str, verbose: bool,
           sink_options: dict) -> None:
     """Keep the host converged: observe, apply, verify every INTERVAL.
 
-    Re-reads the state file when it changes; backs off after errors (up to 10 minutes);
-    on SIGTERM or SIGINT stops after the current step and exits 0.
+    FILE is the state file. {which} Re-reads it when it changes; backs off after errors (up
+    to 10 minutes); on SIGTERM or SIGINT stops after the current step and exits 0.
     """
     from .doors.sinks import fan_out
     from .pipeline.journal import Journal
@@ -388,18 +409,22 @@ def watch(file: str | None, interval: str, journal_path: str | None, lock_timeou
 
 
 @main.command("slurm-health")
-@click.argument("file", required=False)
+@click.argument("file", required=False, type=STATE_PATH)
 @click.option("--node", metavar="NAME", help="The Slurm node [default: $SLURMD_NODENAME, else the short host name].")
 @click.option("--apply", "do_apply", is_flag=True, help="Apply the state first (under the apply lock), then judge.")
-@click.option("--deadline", default="45s", show_default=True,
+@click.option("--deadline", default="45s", show_default=True, metavar="DURATION",
               help="Whole-run limit, below Slurm's 60 s and the HealthCheckInterval; no verdict by then drains.")
 @click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
               help="Journal file, as for apply: one line per run goes there; the run's lock sits beside it.")
-@click.option("--scontrol", default="/usr/bin/scontrol", show_default=True, help="The scontrol to call.")
+@click.option("--scontrol", default="/usr/bin/scontrol", show_default=True, metavar="PATH",
+              help="The scontrol to call.")
+@_names_which_file
 def slurm_health(file: str | None, node: str | None, do_apply: bool, deadline: str, journal_path: str | None,
                  scontrol: str) -> None:
     """Slurm's HealthCheckProgram: drain the node when a resource is blocked or cannot be
     observed, resume it once converged if reconcile drained it (doors/slurm.py).
+
+    FILE is the state file. {which}
 
     Exit 0: healthy (or another run in progress); 1: not healthy, or Slurm could not be told.
     """

@@ -49,12 +49,16 @@ def fail(message: str) -> None:
 
 
 def refuse(refusal, fmt: str, command: str, state_file: str, dry_run: bool = False,
-           sinks: Sequence[Any] = ()) -> None:
+           sinks: Sequence[Any] = (), said: Sequence[str] | None = None) -> None:
     """A run refused before it could report (core/refusals.py: a bad state file, lock held,
     another machine, journal unreadable): its line(s) on stderr, and for --format
     json/junit/prometheus an error report on stdout saying the same (pipeline/report.py
-    refusal_doc), so a consumer never gets nothing; the sinks get it too. Exit 1."""
-    echo_err(f"reconcile: error: {refusal.message}" if not refusal.problems else "\n".join(refusal.problems))
+    refusal_doc), so a consumer never gets nothing; the sinks get it too. Exit 1. `said`: the
+    lines for stderr, when they are not the refusal's own."""
+    if said is None:
+        said = list(refusal.problems) or [f"reconcile: error: {refusal.message}"]
+    for line in said:
+        echo_err(line)
     if fmt != "text" or sinks:
         from .pipeline.runs import finished
         from .views import render
@@ -124,14 +128,18 @@ def load_state(path: str, prefetch=None, fmt: str = "text", command: str = "diff
                 state_label = ctx.meta.get(STATE_LABEL) if ctx else None
             label = state_label or "<stdin>"
             # One byte past the limit at most: `reconcile diff - < /dev/zero` is an error, not a MemoryError.
-            return load(label, text=sys.stdin.buffer.read(LIMITS.max_bytes + 1), on_kind=prefetch)
-        return load(path, on_kind=prefetch)
+            state = load(label, text=sys.stdin.buffer.read(LIMITS.max_bytes + 1), on_kind=prefetch)
+        else:
+            state = load(path, on_kind=prefetch)
+        for warning in state.warnings:  # old spellings: stderr only, so stdout stays the report
+            echo_err(warning)
+        return state
     except StateFileError as exc:
         from .core.refusals import Refusal
 
         first = exc.problems[0] if exc.problems else "invalid state file"
         refuse(Refusal("state-file", first, problems=tuple(exc.problems)), fmt, command, label, dry_run=dry_run,
-               sinks=sinks)
+               sinks=sinks, said=exc.lines())  # the old spellings' warnings among the problems
 
 
 def exit_now(code: int) -> None:

@@ -50,7 +50,7 @@ def test_torn_pick_moves_the_newer_torn_ones_only():
     steps = [_step(2, False, "old damage"), _step(4), _step(6, False, "cut"), _step(8, False, "cut")]
     o = _obs(steps, "checkpoint-8")
     drift = R.diff(_res(), o)
-    assert [d.field for d in drift] == ["resume"]
+    assert [d.field for d in drift] == ["resume_from"]
     plan = R.plan(_res(), o, drift, Context())
     (q,) = plan.actions
     assert q.action == "quarantine" and [s["path"] for s in q.params["steps"]] == ["checkpoint-6", "checkpoint-8"]
@@ -70,7 +70,7 @@ def test_no_whole_step_is_blocked_and_start_from_scratch_is_drift():
     assert plan.blocked and "no whole checkpoint" in plan.blocked and not plan.actions
     o = _obs([_step(2, layout="ds")], None, layout="deepspeed")
     (d,) = R.diff(_res(), o)
-    assert d.field == "resume" and "start from scratch" in d.have
+    assert d.field == "resume_from" and "start from scratch" in d.have
 
 
 def test_min_step_and_max_age():

@@ -152,7 +152,7 @@ def test_resume_from_the_newest_whole_checkpoint(reference, tmp_path, layout, ho
     o = res["observed"]
     assert res["status"] == "drift", res
     assert o["layout"] == layout and not o["detected"]
-    assert {d["field"] for d in res["drift"]} == {"resume"}
+    assert {d["field"] for d in res["drift"]} == {"resume_from"}
     newest_whole = o["newest_whole_step"]
     # the damage was to step STEPS's files (a lost pointer leaves every step whole)
     assert newest_whole == (STEPS if how == "latest-deleted" else STEPS - EVERY), o

@@ -94,7 +94,7 @@ def host(tmp_path, fake_lib):
     state = tmp_path / "state.yaml"
     state.write_text(f"version: 1\ngpus:\n  count: 2\n  healthy: true\nmounts:\n  /:\n    mounted: true\n"
                      f"extractions:\n  eagle3:\n    dir: {out}\n    pattern: 'rows_{{group}}/data_{{index}}.ckpt'\n"
-                     f"    total: 10\n    verify: all\n")
+                     f"    total: 10\n    verify: content\n")
     env = {**nvml_env(fake_lib, config), "RECONCILE_STATE_DIR": str(tmp_path / "rstate")}
     return state, config, out, env
 

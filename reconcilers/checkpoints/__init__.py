@@ -42,10 +42,10 @@ class CheckpointsReconciler(Reconciler):
             norm = {
                 "dir": spec["dir"].rstrip("/") or "/",
                 "layout": spec.get("layout"),
-                "resume": spec.get("resume", "whole"),
+                "resume_from": spec.get("resume_from", "whole"),
                 "min_step": spec.get("min_step"),
                 "max_age": parse_duration(spec["max_age"]) if spec.get("max_age") is not None else None,
-                "verify": spec.get("verify", "resume"),
+                "verify": spec.get("verify", "at-risk"),
                 "model_only": bool(spec.get("model_only", False)),
                 "observe_timeout": parse_duration(spec.get("observe_timeout", DEFAULT_OBSERVE_TIMEOUT)),
             }
@@ -76,11 +76,11 @@ class CheckpointsReconciler(Reconciler):
     def diff(self, resource: Resource, observed: CheckpointsObserved) -> list[Drift]:
         spec, o = resource.spec, observed
         drift = []
-        if spec["resume"] == "whole" and o.exists:
+        if spec["resume_from"] == "whole" and o.exists:
             if o.resume_path is not None and not o.resume_whole:
-                drift.append(Drift("resume", "whole", _pick_words(o)))
+                drift.append(Drift("resume_from", "whole", _pick_words(o)))
             elif o.resume_path is None and o.newest_whole_path is not None:
-                drift.append(Drift("resume", "whole", f"none: the framework would start from scratch "
+                drift.append(Drift("resume_from", "whole", f"none: the framework would start from scratch "
                                    f"though step {o.newest_whole_step} is whole"))
         if spec["min_step"] is not None and (o.newest_whole_step is None or o.newest_whole_step < spec["min_step"]):
             drift.append(Drift("min_step", f">= {spec['min_step']}", o.newest_whole_step))
@@ -106,7 +106,7 @@ class CheckpointsReconciler(Reconciler):
                 blocked.append(f"newest whole checkpoint is {d.have or 'absent'} old (max_age "
                                f"{format_duration(resource.spec['max_age'])}): the job has stopped saving?")
         actions: list[Action] = []
-        if any(d.field == "resume" for d in drift):
+        if any(d.field == "resume_from" for d in drift):
             stuck = [s for s in _newer_than_whole(o) if s.unreadable]
             if stuck:
                 blocked.insert(0, f"{stuck[0].path} cannot be read ({stuck[0].reason}): neither whole nor torn, "

@@ -1,6 +1,6 @@
 """One run directory observed: the steps (each checked to the structure), the framework's
 pick by its own rule, then every byte of that pick, and of the steps below it down to the
-first whole one when the pick is not whole (`verify: resume`, the default). Runs in the
+first whole one when the pick is not whole (`verify: at-risk`, the default). Runs in the
 observer child; imports the file checks (layouts.py)."""
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ def survey(spec: dict[str, Any], beat: Callable[[], None] | None = None) -> Chec
         layout = L.detect(root, names)
         if layout is None:
             return CheckpointsObserved(dir=root, layout="unknown", detected=True, exists=True)
-    verify = spec.get("verify", "resume")
+    verify = spec.get("verify", "at-risk")
     base = STRUCTURE if verify != "content" else CONTENT
     steps = _steps(root, layout, names, lambda n: base, spec, None)
     if beat:
         beat()
     pick, problem, text = _pick(root, layout, names, steps)
-    if verify == "resume":
+    if verify == "at-risk":
         steps = _deepen(root, layout, names, steps, pick, spec)
     whole = [s for s in steps if s.whole and s.step is not None]
     newest = max(whole, key=lambda s: (s.step, s.mtime), default=None)
