@@ -14,6 +14,7 @@ checkpoints/ is shown to break both, as reconcile says.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import checkpoints_support as cs
@@ -109,6 +110,22 @@ def test_resume_from_the_newest_whole_checkpoint(reference, tmp_path, how):
     assert not (run / oldest).exists() and len(list((run / "checkpoints").iterdir())) == LIMIT
     assert {p.relative_to(run).as_posix(): p.stat().st_size
             for p in (run / cs.QUARANTINE).rglob("*") if p.is_file()} == quarantined
+
+
+def test_the_pick_is_accelerates_by_number_not_by_name(reference, tmp_path):
+    """Accelerate sorts by the first number in each name, not the name: copies of a whole
+    checkpoint named checkpoint_9, checkpoint_10 and keep_7_best beside checkpoint_1..3;
+    reconcile's pick is the folder Accelerate's load_state() says it loads."""
+    python = cs.framework_python("accelerate")
+    ref_run, _ = reference
+    run = cs.copy_run(ref_run, tmp_path / "run")
+    whole = _newest(run)
+    for name in ("checkpoint_9", "checkpoint_10", "keep_7_best"):
+        shutil.copytree(whole, run / "checkpoints" / name)
+    o = cs.observed(tmp_path, cs.state(tmp_path, "run", run, layout="accelerate"))["observed"]
+    rc, got, err = cs.train(python, "accelerate", run, TOTAL, EVERY, tmp_path / "r.json", resume=True)
+    assert rc == 0, err
+    assert o["resume_path"] == got["loaded_from"], (o["resume_path"], got)
 
 
 def test_a_quarantine_inside_checkpoints_breaks_accelerate(reference, tmp_path):
