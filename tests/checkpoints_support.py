@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -64,6 +65,7 @@ def train(python: str, layout: str, out: Path, steps: int, every: int, result: P
 def raised(err: str) -> tuple[str, str]:
     """The exception a framework's run ended with, from its traceback: (type, message)."""
     for line in reversed(err.strip().splitlines()):
+        line = re.sub(r"^\[rank\d+\]:\s*", "", line)  # torch.distributed's prefix of a rank's stderr
         head, sep, text = line.partition(": ")
         name = head.rsplit(".", 1)[-1]
         if name.isidentifier() and name.endswith(("Error", "Exception")):
