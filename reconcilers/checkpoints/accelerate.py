@@ -14,8 +14,8 @@ two entries with one number the later in listdir order wins: the order is the di
 read here the same way.
 
 What `load_state` reads of the pick (`load_accelerator_state`, `load_custom_state`), for the
-objects the script registered, which the files alone do not name (the other checkpoints' names
-are taken as the script's set):
+objects the script registered, which the files alone do not name (a neighbouring checkpoint's
+files are taken as the script's set: `expected`):
 - per model: `model[_i].safetensors` (safetensors `load_model`), else `pytorch_model[_i].bin`
   (torch.load); missing: FileNotFoundError;
 - `optimizer[_i].bin`, `scheduler[_i].bin`, `sampler[_i].bin`, `scaler.pt`: torch.load,
@@ -91,16 +91,20 @@ def resume(root: str) -> tuple[str | None, str, str]:
     return rel, "", ""
 
 
-def expected(root: str, rels: list[str]) -> frozenset[str]:
-    """The file roles the checkpoints hold between them: what the script registered (the files
-    cannot say it otherwise). A model's role is its index, whichever format holds it."""
-    out: set[str] = set()
-    for rel in rels:
-        for f in _listdir(os.path.join(root, rel)):
-            role = _role(f)
-            if role:
-                out.add(role)
-    return frozenset(out)
+def expected(root: str, rels: list[str]) -> dict[str, frozenset[str]]:
+    """Per checkpoint, the file roles it must hold: what the script registered is written
+    nowhere, so its neighbour's set stands for it — the next newer checkpoint's, for the newest
+    the one before it. A crash leaves only the newest save short (one file after another:
+    weights, optimizer, scheduler, ..., random states, custom objects); a script whose registered
+    objects changed between saves changes every later checkpoint alike, and none is torn for it.
+    A model's role is its index, whichever format holds it."""
+    held = {rel: frozenset(r for f in _listdir(os.path.join(root, rel)) if (r := _role(f))) for rel in rels}
+    order = sorted(rels, key=lambda rel: (number(os.path.basename(rel)) or 0, rel))
+    out = {}
+    for i, rel in enumerate(order):
+        j = i + 1 if i + 1 < len(order) else i - 1
+        out[rel] = held[order[j]] if j >= 0 else frozenset()
+    return out
 
 
 def _role(f: str) -> str:
@@ -119,8 +123,9 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
-def steps(root: str, rels: list[str], depth_of: Callable[[str], str], roles: frozenset[str]) -> list[StepObserved]:
-    return [step(root, rel, depth_of(rel), roles) for rel in rels]
+def steps(root: str, rels: list[str], depth_of: Callable[[str], str],
+          roles: dict[str, frozenset[str]]) -> list[StepObserved]:
+    return [step(root, rel, depth_of(rel), roles.get(rel, frozenset())) for rel in rels]
 
 
 def step(root: str, rel: str, depth: str, roles: frozenset[str]) -> StepObserved:
@@ -165,13 +170,14 @@ def _missing(lost: list[str], have: dict[str, str]) -> str:
         if role.startswith("model "):
             i = role.split()[1]
             tail = "" if i == "0" else f"_{i}"
-            return (f"model{tail}.safetensors and pytorch_model{tail}.bin missing (other checkpoints hold them): "
+            return (f"model{tail}.safetensors and pytorch_model{tail}.bin missing (the checkpoint beside it holds "
+                    "one): "
                     "load_state() raises FileNotFoundError")
         if REQUIRED.match(role):
-            return f"{role} missing (other checkpoints hold it): load_state() raises FileNotFoundError"
+            return f"{role} missing (the checkpoint beside it holds it): load_state() raises FileNotFoundError"
         if CUSTOM.match(role):
-            return (f"{role} missing (other checkpoints hold it): load_state() raises RuntimeError (the number of "
-                    "custom checkpoints does not match the registered objects)")
+            return (f"{role} missing (the checkpoint beside it holds it): load_state() raises RuntimeError "
+                    "(the number of custom checkpoints does not match the registered objects)")
         if RANDOM.match(role):
             return f"{role} missing: load_state() goes on without restoring the random states, silently"
         return f"{role} missing: load_state() goes on without restoring that dataloader's state, silently"
