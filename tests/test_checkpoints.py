@@ -151,5 +151,5 @@ def test_start_from_scratch_is_said_in_the_frameworks_words():
     words = "load_checkpoint() would warn \"Unable to find latest file\""
     o = _obs([_step(2, layout="ds")], None, layout="deepspeed", empty_pick=words)
     (d,) = R.diff(_res(), o)
-    assert d.field == "resume" and words in d.have
+    assert d.field == "resume_from" and words in d.have
     assert words in R.plan(_res(), o, [d], Context()).message

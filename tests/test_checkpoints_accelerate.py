@@ -79,7 +79,7 @@ def test_resume_from_the_newest_whole_checkpoint(reference, tmp_path, how):
     state = cs.state(tmp_path, "run", run, layout="accelerate")
     res = cs.observed(tmp_path, state)
     o = res["observed"]
-    assert res["status"] == "drift" and {d["field"] for d in res["drift"]} == {"resume"}, res
+    assert res["status"] == "drift" and {d["field"] for d in res["drift"]} == {"resume_from"}, res
     assert o["resume_path"] == torn and o["layout"] == "accelerate"
     have = res["drift"][0]["have"]
     if rc != 0 and "raises" in have:  # the words say what Accelerate does
