@@ -22,9 +22,9 @@ from .commands import (  # noqa: F401  (EXIT_DRIFT, exit_now: the commands' name
     STATE_LABEL,
     exit_now,
     fail,
+    finish,
     internal_error,
     load_state,
-    refuse,
     resolve_state_file,
     run_diff,
 )
@@ -41,6 +41,19 @@ def parse_duration_option(value: str, flag: str) -> float:
 
 
 FORMATS = click.Choice(list(views.FORMATS))  # the one table of formats (views/__init__.py)
+
+# A path, for shell completion only (click completes files for a Path): reconcile reads and
+# judges the file itself (a FIFO, a directory, an unreadable file: one FILE:LINE:COL line).
+STATE_PATH = click.Path(readable=False)
+
+# Which FILE a command reads when none is given (commands.resolve_state_file), for its --help.
+WHICH_FILE = ("Without FILE: $RECONCILE_STATE, else states/<short hostname>.yaml, else ./state.yaml "
+              "(the first that exists).")
+
+
+def _names_which_file(fn):
+    fn.__doc__ = fn.__doc__.format(which=WHICH_FILE)
+    return fn
 
 
 class ReconcileGroup(click.Group):
@@ -86,7 +99,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("files", nargs=-1, required=True)
+@click.argument("files", nargs=-1, required=True, type=STATE_PATH)
 def validate(files: tuple[str, ...]) -> None:
     """Check state FILES (`-`: the state on standard input); print FILE:LINE:COL: message for
     each problem."""
@@ -96,14 +109,15 @@ def validate(files: tuple[str, ...]) -> None:
     bad = 0
     for f in files:
         try:
-            if f == "-":  # as diff reads it: at most one byte past the limit
-                load("<stdin>", text=sys.stdin.buffer.read(LIMITS.max_bytes + 1))
-            else:
-                load(f)
+            # `-`: as diff reads it, at most one byte past the limit
+            state = load("<stdin>", text=sys.stdin.buffer.read(LIMITS.max_bytes + 1)) if f == "-" else load(f)
         except StateFileError as exc:
             bad += 1
-            for problem in exc.problems:
-                click.echo(problem, err=True)
+            for line in exc.lines():  # problems, and the old spellings' warnings among them
+                click.echo(line, err=True)
+            continue
+        for warning in state.warnings:  # old spellings: valid, said (exit 0)
+            click.echo(warning, err=True)
     if bad:
         sys.exit(EXIT_ERROR)
     click.echo(f"{len(files)} state file{'s' if len(files) != 1 else ''} valid")
@@ -113,31 +127,45 @@ def _output_options(fn):
     fn = click.option("--format", "fmt", type=FORMATS, default="text", show_default=True,
                       help="Output format; json follows the format_version contract.")(fn)
     fn = click.option("-v", "--verbose", is_flag=True, help="Also show what is already right.")(fn)
-    fn = click.option("--textfile", "textfile_dir", type=click.Path(file_okay=False), metavar="DIR",
-                      help="Also write DIR/reconcile.prom (atomically, whatever the outcome) for node_exporter's "
-                           "textfile collector; needs --interval.")(fn)
-    fn = click.option("--interval", "textfile_interval", metavar="DURATION",
-                      help="With --textfile: how often this command runs (cron), for the not-running alert.")(fn)
     return fn
 
 
-def _textfile(textfile_dir: str | None, interval: str | None) -> None:
-    """--textfile DIR --interval D: the cron recipe's metrics, written by reconcile itself
-    (commands.publish), so a drifted (exit 2) or refused (exit 1) run is published too."""
-    from . import commands
+def _sink_options(command: str):
+    """The options of the sinks that serve COMMAND (doors/sinks/: `--textfile DIR` ...), as each
+    sink declares them; the command gets their values as `sink_options` (sink name -> flag ->
+    value) and makes the sinks asked for with _sinks."""
+    import functools
 
-    if interval and not textfile_dir:
-        fail("--interval needs --textfile DIR")
-    if not textfile_dir:
-        return
-    if not interval:
-        fail("--textfile needs --interval (how often cron runs this; the not-running alert needs it)")
-    every = parse_duration_option(interval, "--interval")
-    if every <= 0:
-        fail("--interval must be more than 0s")
-    if not os.path.isdir(textfile_dir):
-        fail(f"--textfile {textfile_dir}: no such directory (node_exporter's --collector.textfile.directory)")
-    commands.TEXTFILE.update(dir=textfile_dir, interval=every)
+    from .doors.sinks import options_for
+
+    offered = [(name, opt, f"sink_{name}_{opt.flag.lstrip('-')}".replace("-", "_"))
+               for name, opt in options_for(command)]
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(**kw):
+            values: dict[str, dict[str, object]] = {}
+            for name, opt, param in offered:
+                values.setdefault(name, {})[opt.flag] = kw.pop(param)
+            return fn(**kw, sink_options=values)
+
+        for _name, opt, param in reversed(offered):
+            wrapper = click.option(opt.flag, param, metavar=opt.metavar, help=opt.help,
+                                   type=click.Path(file_okay=False) if opt.directory else None)(wrapper)
+        return wrapper
+
+    return decorate
+
+
+def _sinks(command: str, sink_options: dict, **context) -> list:
+    """The sinks the command line asked for; a bad combination of their options is one line, exit 1."""
+    from .doors.sinks import SinkError, build
+
+    try:
+        return build(command, sink_options, **context)
+    except SinkError as exc:
+        fail(str(exc))
+        raise AssertionError from None  # unreachable
 
 
 RECHECK_HELP = ("Read every checkpoint step again, whatever its check record says (docs/checkpoints.md, "
@@ -220,109 +248,84 @@ def _remote_options(fn):
 
 
 @main.command()
-@click.argument("file", required=False)
+@click.argument("file", required=False, type=STATE_PATH)
 @_output_options
 @_remote_options
+@_sink_options("diff")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
               help="Also save the plan to this file; `reconcile apply PLAN` carries out exactly its actions, "
                    "and refuses when the host no longer matches it.")
 @click.option("--recheck", is_flag=True, help=RECHECK_HELP)
-def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, textfile_dir: str | None,
-         textfile_interval: str | None, recheck: bool) -> None:
+@_names_which_file
+def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, recheck: bool,
+         sink_options: dict) -> None:
     """Show drift and the planned actions; change nothing.
+
+    FILE is the state file (`-`: standard input). {which}
 
     Exit 0: no drift; 2: drift; 1: error.
     """
     _recheck(recheck)
-    _textfile(textfile_dir, textfile_interval)
-    run_diff(file, fmt, verbose, out_path)  # commands.py: the same call as __main__.py's, without click
+    sinks = _sinks("diff", sink_options)
+    # commands.py: the same call as __main__.py's, without click
+    run_diff(file, fmt, verbose, out_path, sinks=sinks)
 
 
 @main.command()
-@click.argument("file", required=False)
+@click.argument("file", required=False, type=STATE_PATH)
 @_output_options
 @_remote_options
+@_sink_options("apply")
 @click.option("--dry-run", is_flag=True, help="Plan only, as diff does; take no lock, change nothing.")
 @click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
               help="Journal file (default /var/lib/reconcile/journal.jsonl as root, "
                    "$XDG_STATE_HOME/reconcile/journal.jsonl otherwise). The lock file sits beside it.")
-@click.option("--lock-timeout", default="0s", show_default=True,
+@click.option("--lock-timeout", default="0s", show_default=True, metavar="DURATION",
               help="Wait this long for another apply to finish instead of failing at once.")
 @click.option("--recheck", is_flag=True, help=RECHECK_HELP)
+@_names_which_file
 def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path: str | None,
-          lock_timeout: str, textfile_dir: str | None, textfile_interval: str | None, recheck: bool) -> None:
+          lock_timeout: str, recheck: bool, sink_options: dict) -> None:
     """Act until the host matches the state file, then verify by observing again.
 
-    FILE may also be a plan saved by `diff --out`: its actions are carried out and nothing
-    else, or none at all (exit 1) when the state file or the host changed since.
+    FILE is the state file (`-`: standard input). {which} It may also be a plan saved by
+    `diff --out`: its actions are carried out and nothing else, or none at all (exit 1) when the
+    state file or the host changed since.
 
     Exit 0: every resource ok (or converging as intended); 2: drift remains;
     1: an error (bad input, lock held, wrong host, a resource that cannot be observed).
     """
-    from .pipeline.engine import Engine, HostMismatch, Prefetch
-    from .pipeline.journal import Journal, LockError
+    from .pipeline import runs
 
     _recheck(recheck)
-    _textfile(textfile_dir, textfile_interval)
+    sinks = _sinks("apply", sink_options)
     wait = parse_duration_option(lock_timeout, "--lock-timeout")
     path = resolve_state_file(file)
     from .pipeline.plans import is_saved_plan
 
     if is_saved_plan(path):  # `reconcile diff --out PLAN` wrote it: its actions and nothing else
-        from .pipeline.plans import PlanError, apply_saved_plan
+        from .pipeline.plans import apply_saved_plan
 
-        try:
-            report = apply_saved_plan(path, dry_run=dry_run, journal_path=journal_path, lock_wait=wait)
-        except PlanError as exc:
-            refuse(str(exc), "plan", fmt, "apply", path, dry_run=dry_run)
-        _finish(report, fmt, verbose)
-    # Observing may start while the state is built only when nothing will be changed: apply
-    # proper observes after taking its lock, so it never acts on what another apply changed.
+        result = apply_saved_plan(path, dry_run=dry_run, journal_path=journal_path, lock_wait=wait)
+        sys.exit(finish(result, fmt, verbose, "apply", path, dry_run=dry_run, sinks=sinks))
     from .local.host import LocalHost
     from .views.progress import attach
 
     host = attach(LocalHost(), fmt)  # the progress line on a terminal (views/progress.py)
-    prefetch = Prefetch(host) if dry_run else None
-    state = load_state(path, prefetch, fmt, "apply", dry_run)
-    if prefetch is not None:
-        engine = Engine(state, prefetch.host, prefetch=prefetch)
-        try:
-            report = engine.diff(command="apply")
-        except HostMismatch as exc:
-            refuse(str(exc), exc.reason, fmt, "apply", state.path, dry_run=True, machine=engine.machine)
-        _finish(report, fmt, verbose)
+    if dry_run:
+        # Observing may start while the state is built only when nothing will be changed: apply
+        # proper observes after taking its lock, so it never acts on what another apply changed.
+        from .pipeline.engine import Prefetch
 
-    from .pipeline.journal import LockHeld
+        prefetch = Prefetch(host)
+        state = load_state(path, prefetch, fmt, "apply", dry_run, sinks=sinks)
+        result = runs.diff(state, prefetch.host, command="apply", prefetch=prefetch)
+    else:
+        from .pipeline.journal import Journal
 
-    journal = Journal.at(journal_path)
-    lock = journal.lock()
-    try:
-        lock.acquire(timeout=wait)
-    except LockError as exc:
-        # Held by another apply, or the journal's directory cannot be used (unreadable, missing).
-        refuse(str(exc), "lock-held" if isinstance(exc, LockHeld) else "journal", fmt, "apply", state.path,
-               machine=host.machine())
-    engine = Engine(state, host, journal=journal)
-    try:
-        report = engine.apply()
-    except HostMismatch as exc:
-        lock.release()
-        refuse(str(exc), exc.reason, fmt, "apply", state.path, machine=engine.machine or host.machine())
-    finally:
-        lock.release()
-    _finish(report, fmt, verbose)
-
-
-def _finish(report, fmt: str, verbose: bool) -> None:
-    from . import commands
-    from .views import render
-
-    render(report, fmt, verbose=verbose)
-    if commands.TEXTFILE:
-        from .pipeline.report import to_json
-
-        commands.publish(to_json(report))
-    sys.exit(EXIT_ERROR if commands.TEXTFILE.get("failed") else report.exit_code)
+        state = load_state(path, None, fmt, "apply", dry_run, sinks=sinks)
+        result = runs.apply(state, host, Journal.at(journal_path), wait)  # runs.py takes the lock
+    sys.exit(finish(result, fmt, verbose, "apply", state.path, dry_run=dry_run, sinks=sinks))
 
 
 @main.command("log")
@@ -380,31 +383,33 @@ def version_command(as_json: bool) -> None:
 
 @main.command()
 def schema() -> None:
-    """Print the JSON Schema of the state file (for editors and CI)."""
+    """Print the JSON Schema of the state file (for editors and CI); old spellings are marked deprecated."""
     import json
 
-    from .pipeline.statefile import bundled_schema
+    from .pipeline.statefile import editor_schema
 
-    click.echo(json.dumps(bundled_schema(), indent=2))
+    click.echo(json.dumps(editor_schema(), indent=2))
 
 
 @main.command()
-@click.argument("file", required=False)
-@click.option("--interval", default="60s", show_default=True, help="Time between passes (e.g. 30s, 5m).")
+@click.argument("file", required=False, type=STATE_PATH)
+@click.option("--interval", default="60s", show_default=True, metavar="DURATION",
+              help="Time between passes (e.g. 30s, 5m).")
 @click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
               help="Journal file, as for apply; the lock file sits beside it.")
-@click.option("--lock-timeout", default="30s", show_default=True,
+@click.option("--lock-timeout", default="30s", show_default=True, metavar="DURATION",
               help="How long a pass waits for another apply to finish before skipping this pass.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every pass, not only those whose outcome changed.")
-@click.option("--textfile", "textfile_dir", type=click.Path(file_okay=False), metavar="DIR",
-              help="After each pass write DIR/reconcile.prom (atomically) for node_exporter's textfile collector.")
+@_sink_options("watch")
+@_names_which_file
 def watch(file: str | None, interval: str, journal_path: str | None, lock_timeout: str, verbose: bool,
-          textfile_dir: str | None) -> None:
+          sink_options: dict) -> None:
     """Keep the host converged: observe, apply, verify every INTERVAL.
 
-    Re-reads the state file when it changes; backs off after errors (up to 10 minutes);
-    on SIGTERM or SIGINT stops after the current step and exits 0.
+    FILE is the state file. {which} Re-reads it when it changes; backs off after errors (up
+    to 10 minutes); on SIGTERM or SIGINT stops after the current step and exits 0.
     """
+    from .doors.sinks import fan_out
     from .pipeline.journal import Journal
     from .pipeline.watch import Watcher
 
@@ -413,31 +418,29 @@ def watch(file: str | None, interval: str, journal_path: str | None, lock_timeou
         fail("--interval must be more than 0s")
     wait = parse_duration_option(lock_timeout, "--lock-timeout")
     journal = Journal.at(journal_path)
-    exporter = None
-    if textfile_dir:
-        from .views.prometheus import TextfileExporter
-
-        if not os.path.isdir(textfile_dir):
-            fail(f"--textfile {textfile_dir}: no such directory (node_exporter's --collector.textfile.directory)")
-        exporter = TextfileExporter(textfile_dir, every)
-    watcher = Watcher(resolve_state_file(file), every, journal, journal.lock_path, lock_wait=wait,
-                      verbose=verbose, on_pass=exporter)
+    sinks = _sinks("watch", sink_options, interval=every)
+    watcher = Watcher(resolve_state_file(file), every, journal, lock_wait=wait, verbose=verbose,
+                      on_pass=fan_out(sinks) if sinks else None)
     sys.exit(watcher.run())
 
 
 @main.command("slurm-health")
-@click.argument("file", required=False)
+@click.argument("file", required=False, type=STATE_PATH)
 @click.option("--node", metavar="NAME", help="The Slurm node [default: $SLURMD_NODENAME, else the short host name].")
 @click.option("--apply", "do_apply", is_flag=True, help="Apply the state first (under the apply lock), then judge.")
-@click.option("--deadline", default="45s", show_default=True,
+@click.option("--deadline", default="45s", show_default=True, metavar="DURATION",
               help="Whole-run limit, below Slurm's 60 s and the HealthCheckInterval; no verdict by then drains.")
 @click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
               help="Journal file, as for apply: one line per run goes there; the run's lock sits beside it.")
-@click.option("--scontrol", default="/usr/bin/scontrol", show_default=True, help="The scontrol to call.")
+@click.option("--scontrol", default="/usr/bin/scontrol", show_default=True, metavar="PATH",
+              help="The scontrol to call.")
+@_names_which_file
 def slurm_health(file: str | None, node: str | None, do_apply: bool, deadline: str, journal_path: str | None,
                  scontrol: str) -> None:
     """Slurm's HealthCheckProgram: drain the node when a resource is blocked or cannot be
     observed, resume it once converged if reconcile drained it (doors/slurm.py).
+
+    FILE is the state file. {which}
 
     Exit 0: healthy (or another run in progress); 1: not healthy, or Slurm could not be told.
     """

@@ -245,9 +245,16 @@ class Reconciler:
         """One line for the report describing the observed state (optional)."""
         return ""
 
+    def canonical_name(self, name: str) -> str:
+        """The NAME of the id `KIND:NAME` a declared name stands for; two spellings of one thing
+        (a mount point with and without its trailing slash) are one resource. Ids in `needs` are
+        read through it too. The name as written, by default."""
+        return name
+
     def problems(self, section: Any) -> list[tuple[tuple, str]]:
         """What the schema cannot check in this kind's section (a minimum above a maximum): (the path
-        inside the section, message) each, reported as `FILE:LINE:COL: message` (optional)."""
+        inside the section, message) each, reported as `FILE:LINE:COL: message` (optional). A path
+        that names a resource itself, `(NAME,)`, is reported at its key; any other at its value."""
         return []
 
     def metrics(self, resource: Mapping[str, Any], report: Mapping[str, Any]) -> list[Metric]:

@@ -17,6 +17,7 @@ def reconcile_argv(*args: str) -> list[str]:
 def cli_env(tmp: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["RECONCILE_CACHE_DIR"] = str(tmp / "cache")
+    env.setdefault("RECONCILE_STATE_DIR", str(tmp / "state"))  # records (the kernel log's...), never /var/lib
     env.pop("RECONCILE_STATE", None)
     env.pop("NO_COLOR", None)
     env.update(extra)

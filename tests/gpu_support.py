@@ -27,21 +27,36 @@ SEED_TOTAL_MIB = 97887  # RTX PRO 6000 Blackwell, as nvidia-smi showed it on the
 SEED_GPU_NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 
 
-def build_fake_nvml(outdir: Path, old_driver: bool = False, temperature_v: bool = True) -> Path:
-    """Compile the fake into OUTDIR/libnvidia-ml.so.1; return OUTDIR (for LD_LIBRARY_PATH).
-    OLD_DRIVER: a driver before 510 (no _v3 process lists, memory v2 or nvmlDeviceGetTemperatureV);
-    TEMPERATURE_V=False: a driver with all of those but nvmlDeviceGetTemperatureV."""
+# nvml.h's prototypes are the fake's: a function whose prototype differs from the header's is a compile
+# error (C's "conflicting types"), and so is one the header does not declare (missing-prototypes).
+FAKE_CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wno-format-truncation", "-Werror=missing-prototypes",
+               "-Werror=incompatible-pointer-types", "-Werror=int-conversion",
+               "-Werror=implicit-function-declaration")
+
+
+def build_fake_nvml(outdir: Path, old_driver: bool = False, temperature_v: bool = True,
+                    sources: Sequence[Path] = FAKE_SRC) -> Path:
+    """Compile the fake against NVIDIA's nvml.h (tests/nvml_header.py: fetched into OUTDIR when not
+    cached) into OUTDIR/libnvidia-ml.so.1; return OUTDIR (for LD_LIBRARY_PATH).
+    OLD_DRIVER: a driver before 510 (no _v3 process lists, memory v2, nvmlDeviceGetTemperatureV or the
+    clocks-event names); TEMPERATURE_V=False: a driver with all of those but nvmlDeviceGetTemperatureV.
+    Raises OSError (nvml_header.NvmlHeaderUnavailable, no gcc) or CalledProcessError (with gcc's stderr)."""
+    from nvml_header import include_dir
+
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
         raise FileNotFoundError("gcc not found")
     outdir.mkdir(parents=True, exist_ok=True)
-    cmd = [gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Wno-format-truncation", "-o",
-           str(outdir / "libnvidia-ml.so.1"), *map(str, FAKE_SRC)]
+    include = include_dir(outdir)
+    cmd = [gcc, *FAKE_CFLAGS, f"-I{HERE / 'fakenvml'}", f"-I{include}", "-o", str(outdir / "libnvidia-ml.so.1"),
+           *map(str, sources)]
     if old_driver:
         cmd.insert(1, "-DFAKE_OLD_DRIVER")
     if not temperature_v:
         cmd.insert(1, "-DFAKE_NO_TEMPERATURE_V")
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
     return outdir
 
 
@@ -173,9 +188,10 @@ def seed_gpus(n: int = 8, **kw) -> list[FakeGpu]:
 
 def nvml_env(libdir: Path | None, config: Path | None) -> dict[str, str]:
     """Environment entries that point pynvml at the fake (None: no library at all), and the gpus
-    kind's kernel log at an empty file beside the config: what this machine's dmesg holds (its
-    ring buffer may no longer reach back to boot, which makes every GPU's health unknown) is not
-    the test's input. A test that gives its own RECONCILE_KERNEL_LOG puts it after these."""
+    kind's kernel log at an empty file beside the config (its state directory too): what this
+    machine's ring buffer holds (it may no longer reach back to boot, which makes every GPU's
+    health unknown) is not the test's input. A test that gives its own RECONCILE_KERNEL_LOG puts
+    it after these."""
     env = {}
     if libdir is not None:
         env["LD_LIBRARY_PATH"] = str(libdir)
@@ -184,6 +200,8 @@ def nvml_env(libdir: Path | None, config: Path | None) -> dict[str, str]:
         klog = Path(config).parent / "empty-kern.log"
         klog.touch()
         env["RECONCILE_KERNEL_LOG"] = str(klog)
+        # The kernel log's read record and the locked-clock record: beside the config, never /var/lib.
+        env["RECONCILE_STATE_DIR"] = str(Path(config).parent / "state")
     return env
 
 

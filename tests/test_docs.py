@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from docs_support import ROOT, Block, all_blocks, commands, output_matches
+from docs_support import ROOT, Block, all_blocks, commands, output_matches, strip_comment
 
 BLOCKS = all_blocks()
 CHECKED = [b for b in BLOCKS if (b.is_shell or b.is_yaml) and not b.fragment]
@@ -150,6 +150,7 @@ def test_yaml_block_is_a_valid_state_file_or_inventory(block: Block, tmp_path):
     proc = subprocess.run([str(ROOT / ".venv" / "bin" / "reconcile"), "validate", str(path)], capture_output=True,
                           text=True, env=user_env(tmp_path, ROOT), cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, f"{block.where}: reconcile validate says\n{proc.stderr}\n---\n{path.read_text()}"
+    assert "warning:" not in proc.stderr, f"{block.where}: write the current spellings\n{proc.stderr}"
 
 
 def test_readme_journal_jq_prints_one_line_per_action(nsystemd, tmp_path):
@@ -192,19 +193,37 @@ def test_readme_first_command_checks_this_machine(user_dir):
 
 def ci_packages() -> tuple[set[str], set[str]]:
     """What .ci/run installs: the Debian packages of its `pkg:path` list (and python3-venv), and
-    the pip packages of torch's environment."""
+    the pip packages of torch's environment (every `.venv-torch/bin/pip install` of it)."""
     script = (ROOT / ".ci" / "run").read_text()
     loop = script[script.index("for pkg_cmd in"):script.index("; do", script.index("for pkg_cmd in"))]
     apt = {word.split(":")[0] for word in loop.split()[3:] if ":" in word}
     apt |= set(re.findall(r"need\+=\(([\w.+-]+)\)", script))
-    pip = set(re.search(r"\.venv-torch/bin/pip install -q ([^\n]+)", script).group(1).split())
+    pip = {word for line in re.findall(r"\.venv-torch/bin/pip install ([^\n]+)", script)
+           for word in line.split() if not word.startswith("-")}
     return apt, pip
 
 
-def test_readme_names_every_package_ci_installs():
+def installed_by(block: Block) -> tuple[set[str], set[str]]:
+    """The Debian and pip packages a doc's install block names (options and comments left out)."""
+    apt: set[str] = set()
+    pip: set[str] = set()
+    for cmd in commands(block):
+        for part in strip_comment(cmd.text).split("&&"):
+            words = part.split()
+            for tool, into in (("apt-get", apt), ("pip", pip)):
+                at = next((i for i, w in enumerate(words) if w.endswith(tool)), None)
+                if at is not None and words[at + 1:at + 2] == ["install"]:
+                    into.update(w for w in words[at + 2:] if not w.startswith("-"))
+    return apt, pip
+
+
+@pytest.mark.parametrize("doc", ["README.md", "CONTRIBUTING.md"])
+def test_docs_name_exactly_the_packages_ci_installs(doc):
+    # One list: the README's block, CONTRIBUTING's and .ci/run's, equal both ways.
     apt, pip = ci_packages()
-    assert {"gcc", "systemd", "python3-torch", "python3-venv"} <= apt and "safetensors" in pip
-    block = next(b for b in BLOCKS if b.file == "README.md" and any("apt-get install" in c.text for c in commands(b)))
-    words = {w for c in commands(block) for w in c.text.split()}
-    assert apt <= words, f"README.md:{block.line}: not named: {sorted(apt - words)}"
-    assert pip <= words, f"README.md:{block.line}: torch's environment lacks {sorted(pip - words)}"
+    assert {"gcc", "g++", "systemd", "python3-torch", "python3-venv", "podman"} <= apt
+    assert {"safetensors", "transformers", "accelerate", "lightning", "deepspeed"} <= pip
+    found = [b for b in BLOCKS if b.file == doc and installed_by(b)[0]]
+    assert len(found) == 1, f"{doc}: {len(found)} blocks install Debian packages; one list, please"
+    for named, ci in zip(installed_by(found[0]), (apt, pip), strict=True):
+        assert named == ci, f"{doc}:{found[0].line}: missing {sorted(ci - named)}, extra {sorted(named - ci)}"

@@ -286,25 +286,28 @@ def test_checks_on_values_not_reported_cannot_pass(tmp_path, fake_lib):
     assert "GPU 0: `temperature` cannot be checked: not reported by this GPU or driver" in gpus_["message"]
 
 
-def test_kernel_log_is_read_whole_from_dmesg_or_else_the_journal(tmp_path, fake_lib):
-    """No RECONCILE_KERNEL_LOG: reconcile runs `dmesg`; a rotated ring buffer (it does not start at
-    boot) sends it to `journalctl -k -b 0`, which holds the Xid 79 the ring buffer lost."""
+def test_kernel_log_is_read_from_the_ring_buffer_or_else_the_journal(tmp_path, fake_lib):
+    """No RECONCILE_KERNEL_LOG: reconcile reads /dev/kmsg (here a file in its format); a wrapped ring
+    buffer (its first record is not the boot's, number 0) sends it to `journalctl -k -b 0`, which
+    holds the Xid 79 the ring buffer lost."""
     config = gs.FakeConfig(gpus=gs.seed_gpus(2)).write(tmp_path / "nvml.conf")
     bindir = tmp_path / "bin"
     bindir.mkdir()
     xid = f"[ 4254.197860] host kernel: NVRM: Xid (PCI:{gs.pci_of(1)}): 79, GPU has fallen off the bus."
-    for name, text in (("dmesg", "[ 9000.000001] usb 1-1: new device\n"),
-                       ("journalctl", f"[    0.000000] host kernel: Linux version 6.1.0\n{xid}\n")):
-        (bindir / f"{name}.out").write_text(text)
-        (bindir / name).write_text(f"#!/bin/sh\ncat '{bindir / name}.out'\n")
-        (bindir / name).chmod(0o755)
+    (tmp_path / "kmsg").write_text("6,9000,9000000001,-;usb 1-1: new device\n")
+    (bindir / "journalctl.out").write_text(f"[    0.000000] host kernel: Linux version 6.1.0\n{xid}\n")
+    (bindir / "journalctl").write_text(f"#!/bin/sh\ncat '{bindir / 'journalctl'}.out'\n")
+    (bindir / "journalctl").chmod(0o755)
     path = f"{bindir}{os.pathsep}{os.environ['PATH']}"
-    code, gpus_ = diff(tmp_path, fake_lib, config, "gpus:\n  healthy: true\n", PATH=path, RECONCILE_KERNEL_LOG="")
+    kmsg = str(tmp_path / "kmsg")
+    code, gpus_ = diff(tmp_path, fake_lib, config, "gpus:\n  healthy: true\n", PATH=path, RECONCILE_KERNEL_LOG="",
+                       RECONCILE_KMSG=kmsg)
     assert code == 2 and gpus_["observed"]["kernel_log"]["source"] == "journalctl -k -b 0"
     assert f"GPU 1 ({gs.bus_of(1)}) must not run jobs: reboot the node" in gpus_["message"]
     # Neither reaches back to boot: the Xids before are unknown, and unknown is not healthy.
     (bindir / "journalctl.out").write_text("[ 9000.5] host kernel: later\n")
-    code, gpus_ = diff(tmp_path, fake_lib, config, "gpus:\n  healthy: true\n", PATH=path, RECONCILE_KERNEL_LOG="")
+    code, gpus_ = diff(tmp_path, fake_lib, config, "gpus:\n  healthy: true\n", PATH=path, RECONCILE_KERNEL_LOG="",
+                       RECONCILE_KMSG=kmsg)
     assert code == 2 and {d["have"] for d in gpus_["drift"]} == {"unknown"}
     assert "cannot tell whether a job may run on it: Xid errors unknown before the kernel log starts" \
         in gpus_["message"]

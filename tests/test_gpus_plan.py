@@ -12,9 +12,9 @@ from reconcile_host.pipeline.engine import judge
 from reconcile_host.pipeline.statefile import StateFileError, validate_text
 from reconcile_host.reconcilers.gpus import GpusReconciler, health
 from reconcile_host.reconcilers.gpus.checks import version_satisfies
+from reconcile_host.reconcilers.gpus.fold import parse_kernel_log
 from reconcile_host.reconcilers.gpus.observed import MIB, Gpu, GpusObserved, GpuUse, Holder, KernelLog
 from reconcile_host.reconcilers.gpus.procfs import unit_of_cgroup
-from reconcile_host.reconcilers.gpus.xid import parse_kernel_log
 
 REC = GpusReconciler()
 VLLM = "vllm-kimi-k25-int4.service"

@@ -1,17 +1,15 @@
 """The kernel log and NVIDIA's Xid catalogue: the code's table against the ported catalogue, real
 Xid lines (tests/data/gpus/xid-lines.yaml) in every form drivers print with the verdict the
-catalogue gives, what counts since a GPU was last initialised, and reading the whole boot's log."""
+catalogue gives, what counts since a GPU was last initialised. Reading the log: test_gpus_kernel_log.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from host_doubles import ScriptedHost
-from reconcile_host.core.host import CommandResult
 from reconcile_host.reconcilers.gpus.catalogue import XIDS, recovery_from_text
-from reconcile_host.reconcilers.gpus.kernel_log import JOURNAL_ARGV, read_kernel_log
-from reconcile_host.reconcilers.gpus.xid import judge_xid, parse_kernel_log, pci_key
+from reconcile_host.reconcilers.gpus.fold import parse_kernel_log
+from reconcile_host.reconcilers.gpus.xid import judge_xid, pci_key
 from ruamel.yaml import YAML
 
 DATA = Path(__file__).resolve().parent / "data" / "gpus"
@@ -149,46 +147,3 @@ def test_recovery_action_words(text, value):
 def test_pci_keys():
     assert pci_key("00000000:3B:00.0") == pci_key("PCI:0000:3b:00") == pci_key("0000:3b:00.0") == "0000:3b:00"
     assert pci_key("00000009:01:00.0") == "0009:01:00"
-
-
-class FakeHost(ScriptedHost):
-    """Answers `dmesg` and `journalctl` with given text (argv -> CommandResult)."""
-
-    def __init__(self, answers):
-        super().__init__()
-        self.answers = answers
-
-    def run(self, argv, timeout=30.0, env=None, input=None):
-        self.calls.append(argv[0])
-        out = self.answers.get(argv[0])
-        if out is None:
-            return CommandResult(tuple(argv), 127, "", f"{argv[0]}: command not found")
-        return CommandResult(tuple(argv), *out)
-
-
-BOOT = "[    0.000000] Linux version 6.1.0\n"
-XID = "[ 4254.1] NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off the bus.\n"
-
-
-def test_kernel_log_whole_from_dmesg(monkeypatch):
-    monkeypatch.delenv("RECONCILE_KERNEL_LOG", raising=False)
-    host = FakeHost({"dmesg": (0, BOOT + XID, "")})
-    text, log = read_kernel_log(host)
-    assert log.source == "dmesg" and log.complete and XID in text and host.calls == ["dmesg"]
-
-
-def test_rotated_ring_buffer_is_read_from_the_journal(monkeypatch):
-    monkeypatch.delenv("RECONCILE_KERNEL_LOG", raising=False)
-    host = FakeHost({"dmesg": (0, "[ 9000.0] something later\n", ""),
-                     "journalctl": (0, BOOT.replace("Linux", "host kernel: Linux") + XID, "")})
-    text, log = read_kernel_log(host)
-    assert log.source == " ".join(JOURNAL_ARGV[:4]) and log.complete and XID in text
-
-
-def test_rotated_with_no_journal_is_incomplete_and_unreadable_is_unreadable(monkeypatch):
-    monkeypatch.delenv("RECONCILE_KERNEL_LOG", raising=False)
-    _, log = read_kernel_log(FakeHost({"dmesg": (0, "[ 9000.0] something later\n", "")}))
-    assert not log.complete and "rotated" in log.note and "journalctl is not installed" in log.note
-    _, log = read_kernel_log(FakeHost({"dmesg": (1, "", "dmesg: read kernel buffer failed: Operation not permitted"),
-                                       "journalctl": (1, "", "No journal files were found.")}))
-    assert not log.readable and "Operation not permitted" in log.note

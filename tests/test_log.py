@@ -201,15 +201,18 @@ def test_piped_into_head_ends_quietly(tmp_path):
     assert proc.stderr.strip() == "status 0", proc.stderr
 
 
-def test_colour_on_a_terminal_not_with_no_color(tmp_path):
+def test_colour_on_a_terminal_not_with_no_color_or_term_dumb(tmp_path):
     cli_journal = tmp_path / "journal.jsonl"
     cli_journal.write_text(json.dumps({"event": "intent", "time": _iso(1.7e9), "run": "r1", "pid": 1,
                                        "resource": "unit:x", "action": "stop", "target": "x",
                                        "description": "stop x"}) + "\n")
-    coloured = _on_a_pty(tmp_path, cli_journal, {})
-    assert "\x1b[33m" in coloured and "may or may not have happened" in coloured
-    plain = _on_a_pty(tmp_path, cli_journal, {"NO_COLOR": "1"})
-    assert "\x1b[" not in plain and "may or may not have happened" in plain
+    # no-color.org: only a NO_COLOR that is not empty disables colour; clig.dev: so does TERM=dumb.
+    for env in ({"TERM": "xterm"}, {"TERM": "xterm", "NO_COLOR": ""}):
+        coloured = _on_a_pty(tmp_path, cli_journal, env)
+        assert "\x1b[33m" in coloured and "may or may not have happened" in coloured, env
+    for env in ({"TERM": "xterm", "NO_COLOR": "1"}, {"TERM": "dumb"}):
+        plain = _on_a_pty(tmp_path, cli_journal, env)
+        assert "\x1b[" not in plain and "may or may not have happened" in plain, env
 
 
 def _on_a_pty(tmp_path: Path, journal: Path, env: dict[str, str]) -> str:
@@ -360,7 +363,7 @@ def test_an_extraction_with_many_damaged_files_is_summarised_in_the_journal(tmp_
         path = out / f"rows_{idx // 10 * 10}-{idx // 10 * 10 + 10}" / f"data_{idx}.ckpt"
         path.write_bytes(b"")
         os.utime(path, (time.time() - 3600, time.time() - 3600))  # old: not a file being written
-    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 200, "min_done": 1, "verify": "all"})
+    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 200, "min_done": 1, "verify": "content"})
     rc, report, err = extraction_cli(tmp_path, "apply", str(state))
     assert rc in (0, 2) and report, err
     (qdir,) = (out / ".reconcile-quarantine").iterdir()

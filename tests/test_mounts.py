@@ -119,6 +119,45 @@ mounts:
     assert res[f"mount:{sc.tmp}/c"]["status"] == "ok"
 
 
+def test_a_path_with_a_trailing_slash_is_the_same_mount_point(sc: Scenario):
+    # Declared `$T/a/`, needed as `mount:$T/a`, and `$T/b` declared twice, once as `$T/b//`: one
+    # mount point each, as findmnt and systemd (systemd-escape --path: one unit name) say.
+    state = sc.state("""
+mounts:
+  $T/a/:
+    mounted: true
+    fstype: tmpfs
+extractions:
+  x:
+    dir: $T/a/x
+    total: 1
+    needs: [mount:$T/a]
+""")
+    twice = sc.state("mounts:\n  $T/b:\n    mounted: true\n  $T/b//:\n    mounted: false\n", "twice.yaml")
+    sc.run(f"""
+        mkdir -p $T/a $T/b
+        mount -t tmpfs -o size=8m scratch-slash $T/a
+        findmnt -n -o TARGET --mountpoint $T/a/ > $T/a.findmnt
+        systemd-escape --path $T/a/ > $T/a.escaped
+        systemd-escape --path $T/a > $T/a.escaped-plain
+        systemd-escape --path $T/b// > $T/b.escaped
+        systemd-escape --path $T/b > $T/b.escaped-plain
+        cli diff diff {state}
+        cli twice diff {twice}
+    """)
+    assert sc.text("a.escaped") == sc.text("a.escaped-plain") and sc.text("b.escaped") == sc.text("b.escaped-plain")
+    target = sc.text("a.findmnt").strip()
+    assert target == f"{sc.tmp}/a", target  # findmnt: the mount point named with its slash is this one
+    rc, res = sc.report("diff")
+    assert rc != 1 and list(res)[0] == f"mount:{target}", res  # validated; the mount comes first
+    assert res[f"mount:{target}"]["status"] == "ok", res[f"mount:{target}"]
+    twice_report = json.loads(sc.text("twice.json"))
+    assert (int(sc.text("twice.rc")), twice_report["resources"]) == (1, []), twice_report
+    assert [p["text"] for p in twice_report["problems"]] == [
+        f'{twice}:5:3: mounts."{sc.tmp}/b//": the same mount point as "{sc.tmp}/b" above (a path with trailing '
+        f"or repeated slashes is one mount point: mount:{sc.tmp}/b); declare it once"]
+
+
 def test_mount_from_fstab_and_from_source(sc: Scenario):
     (sc.tmp / "fstab").write_text(f"# test fstab\ntmpfs {sc.tmp}/f tmpfs size=16m,noexec 0 0\n")
     state = sc.state("""

@@ -1,4 +1,5 @@
-"""The text report: plan-style lines, colour only on a terminal and never with NO_COLOR."""
+"""The text report: plan-style lines, colour only on a terminal, never with a non-empty NO_COLOR
+or on TERM=dumb."""
 
 from __future__ import annotations
 
@@ -49,6 +50,19 @@ def test_colour_on_a_terminal_only(tmp_path):
 
     piped = subprocess.run(reconcile_argv("diff", str(state)), capture_output=True, text=True, env=env)
     assert piped.returncode == 2 and "\033[" not in piped.stdout
+
+
+def test_colour_follows_no_color_and_term_dumb(tmp_path):
+    # no-color.org: NO_COLOR disables colour "when present and not an empty string"; clig.dev:
+    # no colour on TERM=dumb. Each case on a real terminal, where colour is otherwise on.
+    state, point = drifting_state(tmp_path)
+    env = {**cli_env(tmp_path), "TERM": "xterm"}
+    cases = {"NO_COLOR empty": ({"NO_COLOR": ""}, True), "NO_COLOR=0": ({"NO_COLOR": "0"}, False),
+             "NO_COLOR=1": ({"NO_COLOR": "1"}, False), "TERM=dumb": ({"TERM": "dumb"}, False),
+             "TERM=xterm": ({}, True)}
+    for case, (extra, coloured) in cases.items():
+        code, out = run_on_tty(reconcile_argv("diff", str(state)), {**env, **extra})
+        assert code == 2 and ("\033[" in out) is coloured and f"mount:{point}" in out, (case, out)
 
 
 def test_plan_style_lines(tmp_path):

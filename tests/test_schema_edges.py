@@ -40,11 +40,11 @@ BASE = {
                          "min_free": "1%", "min_free_inodes": "1%", "writable": True, "probe_timeout": "5s",
                          "needs": []}},
     "extractions": {"x": {"dir": "/data/x", "pattern": "rows_{group}/data_{index}.ckpt", "total": 10, "min_done": 5,
-                          "allow_missing": [1], "verify": "recent", "observe_timeout": "60s",
-                          "resume": {"unit": "x.service"}, "needs": []},
-                    "y": {"dir": "/data/y", "total": 10, "resume": {"command": ["/bin/true"], "cwd": "/"}}},
-    "checkpoints": {"run": {"dir": "/data/run", "layout": "hf-trainer", "resume": "whole", "min_step": 100,
-                            "max_age": "6h", "verify": "resume", "model_only": False, "observe_timeout": "60s",
+                          "allow_missing": [1], "verify": "at-risk", "observe_timeout": "60s",
+                          "job": {"unit": "x.service"}, "needs": []},
+                    "y": {"dir": "/data/y", "total": 10, "job": {"command": ["/bin/true"], "cwd": "/"}}},
+    "checkpoints": {"run": {"dir": "/data/run", "layout": "hf-trainer", "resume_from": "whole", "min_step": 100,
+                            "max_age": "6h", "verify": "at-risk", "model_only": False, "observe_timeout": "60s",
                             "needs": ["mount:/data"]}},
 }
 

@@ -7,7 +7,8 @@ can never hold.
 - U+0085 (NEL) is refused with the other C1 control characters, where it stands.
 - What the schema allows but can never hold (min_done above total, a template declared active,
   a zero probe or observe timeout) is refused by `validate` (so the pre-commit hook catches it),
-  at the offending value.
+  at the offending value; a template declared with any other state (which diff could never
+  observe: tests/test_units_trust.py asks systemd) at its name.
 - An inventory's messages call it an inventory.
 """
 
@@ -115,6 +116,23 @@ def test_every_c1_control_character_is_refused_where_it_stands(tmp_path, char):
            "(write it as an escape such as \\x00 in a double-quoted string)\n")
 
 
+@pytest.mark.parametrize("code", [0x2028, 0x2029])
+@pytest.mark.parametrize("after", ["c", "\n"], ids=["inside", "before-a-newline"])
+def test_line_and_paragraph_separators_are_refused_where_they_stand(tmp_path, code, after):
+    # libyaml (YAML 1.1) counts them as line breaks, ruamel's own parser (YAML 1.2) does not: the
+    # positions of everything after one would depend on which parser is installed.
+    path = tmp_path / "s.yaml"
+    path.write_text(f"version: 1\nhost: ab{chr(code)}{after}\n")
+    proc = run_cli(tmp_path, "validate", str(path))
+    assert (proc.returncode, proc.stderr) == (
+        1, f"{path}:2:9: line separator U+{code:04X} is not allowed in a state file: YAML parsers and editors "
+           f"disagree on where the next line starts (write it as an escape, \\u{code:04x}, in a double-quoted "
+           "string)\n")
+    escaped = tmp_path / "e.yaml"
+    escaped.write_text(f'version: 1\nhost: "ab\\u{code:04x}c"\n')
+    assert run_cli(tmp_path, "validate", str(escaped)).returncode == 0
+
+
 def test_nel_written_as_an_escape_is_accepted(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text('version: 1\nhost: "ab\\x85c"\n')
@@ -131,6 +149,8 @@ IMPOSSIBLE = [
      'mounts."/data".probe_timeout: 0 leaves no time to answer'),
     ("extraction-observe-timeout-0ms", "extractions:\n  x:\n    dir: /srv/x\n    total: 1\n    observe_timeout: 0ms\n",
      (6, 22), "extractions.x.observe_timeout: 0ms leaves no time"),
+    ("template-enabled", "units:\n  t@.service:\n    enabled: false\n", (3, 3),
+     'units."t@.service": a template has no state of its own to check'),
     ("gpus-observe-timeout-0s", "gpus:\n  observe_timeout: 0s\n", (3, 20), "gpus.observe_timeout: 0s leaves no time"),
 ]
 
@@ -150,6 +170,6 @@ def test_what_can_hold_next_to_it_still_validates(tmp_path):
     path = tmp_path / "ok.yaml"
     path.write_text("version: 1\nextractions:\n  x:\n    dir: /srv/x\n    total: 10\n    min_done: 10\n"
                     "mounts:\n  /data:\n    probe_timeout: 1ms\n"
-                    "units:\n  t@.service:\n    enabled: false\n  t@a.service:\n    active: true\n")
+                    "units:\n  t@a.service:\n    active: true\n  t@b.service:\n    enabled: masked\n")
     proc = run_cli(tmp_path, "validate", str(path))
     assert proc.returncode == 0, proc.stderr

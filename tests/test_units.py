@@ -467,15 +467,16 @@ def test_observed_state_is_what_systemctl_show_reports(nsystemd, cli):
             nsd.systemctl("daemon-reload")
 
 
-def test_template_name_is_an_error_of_its_own(nsystemd, cli):
+def test_a_template_declared_with_any_state_does_not_load(nsystemd, cli):
+    # Refused when the file is read (validate's check), so diff observes nothing at all: the
+    # template's refusal and its systemd's word are in test_units_trust.py.
     nsystemd.write_unit("t-tp@.service", TEMPLATE)
     nsystemd.write_unit("t-tp-ok.service", service("ok"))
     state = cli.state("version: 1\nunits:\n  t-tp@.service: {active: false}\n  t-tp-ok.service: {active: false}\n")
     code, report = cli.json("diff", str(state))
-    assert code == 1
-    seen = by_name(report)
-    assert seen["t-tp@.service"]["status"] == "error" and "template" in seen["t-tp@.service"]["message"]
-    assert seen["t-tp-ok.service"]["status"] == "ok"
+    assert code == 1 and report["resources"] == [] and report["error"]["reason"] == "state-file", report
+    [problem] = report["problems"]
+    assert (problem["line"], problem["column"]) == (3, 3) and "template" in problem["message"], problem
 
 
 def test_drifting_units_are_planned_from_systemctl_show(nsystemd, cli):

@@ -4,10 +4,15 @@
   `enabled: true`: systemctl itself refuses to enable it, and reconcile blocks with the step
   instead of planning an `enable` that would fail;
 - a template declared `active: true`: systemctl itself refuses to start it, and `validate`
-  refuses the state at the value; an instance of the same template validates and is started.
+  refuses the state at the value; an instance of the same template validates and is started;
+- a template declared with any other state (`active: false`, `enabled:`, masked): systemd has no
+  state of the template's own to show, so `validate` (and diff's, apply's loading) refuses it at
+  the name, instead of diff failing on it.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from cli_support import NsCli, is_active, service, wait_for
@@ -58,3 +63,24 @@ def test_a_template_cannot_be_declared_active_but_its_instance_can(nsystemd, cli
     assert rc == 0, doc
     assert is_active(nsystemd, "t-tpl@a.service") == "active"
     nsystemd.systemctl("stop", "t-tpl@a.service")
+
+
+@pytest.mark.parametrize("declared", ["active: false", "enabled: true", "enabled: false", "enabled: masked"])
+def test_a_template_has_no_state_of_its_own_so_no_state_validates(nsystemd, cli, declared):
+    nsystemd.write_unit("t-tpl@.service", service("tpl %i"))
+    # systemd's own word: what diff would have to read does not exist for a template.
+    shown = nsystemd.systemctl("show", "t-tpl@.service", "-p", "ActiveState,UnitFileState")
+    asked = nsystemd.systemctl("is-active", "t-tpl@.service")
+    assert shown.returncode != 0 and asked.returncode != 0, (shown, asked)
+    [why] = re.findall(r"t-tpl@\.service is (neither .*?)\.$", shown.stderr, re.M)
+    assert why in asked.stderr, asked
+    state = cli.state(f"version: 1\nunits:\n  t-tpl@.service:\n    {declared}\n")
+    expected = (f'{state}:3:3: units."t-tpl@.service": a template has no state of its own to check: systemd '
+                f'keeps one only for its instances (`systemctl show t-tpl@.service`: "{why}"); declare an '
+                "instance such as t-tpl@NAME.service\n")
+    proc = cli("validate", str(state))
+    assert (proc.returncode, proc.stderr) == (1, expected), proc
+    for command in ("diff", "apply"):
+        proc = cli(command, str(state))
+        assert (proc.returncode, proc.stderr) == (1, expected), (command, proc)
+    assert cli.journal_lines() == []  # nothing was observed or done

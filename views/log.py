@@ -4,7 +4,7 @@ Journal lines (pipeline/engine.py, watch.py, doors/slurm.py) are grouped into ev
 first: an apply run (its `intent` / `result` / `verified` lines, tied by `run`), a watch pass, a
 Slurm health run. An intent without its result is an action that may or may not have happened
 (the apply was killed while it ran): said so, in words. Text output is aligned in columns like
-`git log --oneline` / `journalctl`, coloured only on a terminal without NO_COLOR.
+`git log --oneline` / `journalctl`, coloured as the text report is (views/text.py colour_wanted).
 """
 
 from __future__ import annotations

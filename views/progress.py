@@ -7,7 +7,8 @@ that runs longer than half a second (a `systemctl stop` waiting for its unit). O
 at most 10 times a second and only after the work has gone on for half a second (quick work
 never flashes a line), erased when the work is over and before the report is printed.
 
-Shown only with `--format text` and when stderr is a terminal (not TERM=dumb): never in
+Shown only with `--format text` and when stderr is a terminal (not TERM=dumb, which cannot
+redraw a line; NO_COLOR does not hide it, the line has no colour): never in
 JSON, JUnit or Prometheus output, never in a pipe, a log or a CI run. Written here rather than
 taken from tqdm or rich: one line fed by several kinds of work (counts with a total, waits in
 seconds, from this process and from observer children), cleared before the report; that is

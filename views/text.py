@@ -9,16 +9,24 @@ from ..core.values import format_value
 from ..pipeline.report import STATUSES
 
 
+def colour_wanted(out: IO[str]) -> bool:
+    """Colour on a terminal, unless NO_COLOR is set to anything but the empty string (no-color.org:
+    "when present and not an empty string") or the terminal is TERM=dumb (terminfo's `dumb` has
+    no escape sequences; clig.dev: "disable color if TERM=dumb")."""
+    try:
+        tty = bool(out.isatty())
+    except (AttributeError, ValueError):
+        tty = False
+    return tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
 class Style:
-    """ANSI colour only on a terminal, never with NO_COLOR set (https://no-color.org)."""
+    """ANSI colour only where colour_wanted says so."""
 
     CODES = {"green": "32", "yellow": "33", "red": "31", "cyan": "36", "bold": "1", "dim": "2"}
 
     def __init__(self, out: IO[str], force: bool | None = None):
-        if force is not None:
-            self.enabled = force
-        else:
-            self.enabled = bool(getattr(out, "isatty", lambda: False)()) and "NO_COLOR" not in os.environ
+        self.enabled = colour_wanted(out) if force is None else force
 
     def __call__(self, text: str, *styles: str) -> str:
         if not self.enabled or not styles:

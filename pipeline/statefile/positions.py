@@ -54,9 +54,12 @@ class Positions:
 # --- text-level checks (the bounded reading itself: text.py) -------------------------------
 
 # YAML's printable set (YAML 1.2 §5.1 c-printable; ruamel's reader.py NON_PRINTABLE) less U+0085
-# (NEL): YAML counts it printable, and a line break too, but it is a C1 control character, which a
-# state file refuses with the others; editors and YAML parsers disagree on where its lines start.
-_NON_PRINTABLE = re.compile("[^\x09\x0a\x0d\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+# (NEL), U+2028 and U+2029 (LINE and PARAGRAPH SEPARATOR): YAML 1.1 counts them line breaks and
+# YAML 1.2 does not, so libyaml and ruamel's own parser put the lines after them at different
+# numbers (the fuzzer's seed 13, input 1649: U+2028 before a newline), and so do editors. NEL is a
+# C1 control character besides. A state file refuses them with the control characters, where
+# they stand; in a double-quoted string they can still be written as escapes.
+_NON_PRINTABLE = re.compile("[^\x09\x0a\x0d\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 # --- scalars: YAML 1.2 core schema as ruamel resolves it ----------------------------------
@@ -358,7 +361,12 @@ def parse_yaml(text: str, label: str, limits: Limits = LIMITS,
     bad = _NON_PRINTABLE.search(text)
     if bad:
         line, col = line_col(text, bad.start())
-        raise StateFileError([f"{label}:{line}:{col}: control character U+{ord(bad.group()):04X} is not allowed "
+        code = ord(bad.group())
+        if code in (0x2028, 0x2029):
+            raise StateFileError([f"{label}:{line}:{col}: line separator U+{code:04X} is not allowed in {what}: YAML "
+                                  "parsers and editors disagree on where the next line starts (write it as an "
+                                  f"escape, \\u{code:04x}, in a double-quoted string)"])
+        raise StateFileError([f"{label}:{line}:{col}: control character U+{code:04X} is not allowed "
                               f"in {what} (write it as an escape such as \\x00 in a double-quoted string)"])
     builder = _Builder(label, limits, what)
     try:

@@ -62,6 +62,7 @@ CANDIDATE: dict[str, Callable[[str], bool]] = {
     "deepspeed": lambda n: n not in ("latest", "latest_universal") and not n.endswith((".py", ".json")),
     "dcp": lambda n: bool(L.DCP_DIR.search(n)),
     "megatron": lambda n: bool(L.MEGATRON_DIR.match(n)),
+    "accelerate": lambda n: n.startswith("checkpoints/"),  # accelerate.names: checkpoints/<folder>
 }
 
 Check = Callable[[list[str], str], list[StepObserved]]  # (names, depth) -> the steps among them
@@ -76,6 +77,15 @@ def boot_id() -> str | None:
             return fh.read().strip() or None
     except OSError:
         return None
+
+
+def plain(value: Any) -> Any:
+    """A verdict's parameter as JSON holds it (Accelerate's roles per checkpoint: sorted lists)."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in sorted(value.items())}
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    return value
 
 
 def record_path(root: str) -> str:

@@ -73,7 +73,6 @@ from .smi import (
     parse_smi_gpus,
     query_fields,
 )
-from .xid import parse_kernel_log
 
 if TYPE_CHECKING:
     from ...core.host import Host
@@ -175,8 +174,8 @@ class GpusReconciler(Reconciler):
 
     def _observe(self, host: Host, checks: Mapping[str, Any], settings: frozenset[str] = frozenset()) -> GpusObserved:
         notes: list[str] = []
-        # The kernel log is read (dmesg, maybe journalctl) while the driver is: the two wait on
-        # different programs and neither needs the other; the log is judged against the GPUs after.
+        # The kernel log is read (/dev/kmsg or the journal, only what is new since the last read)
+        # while the driver is: neither needs the other; the log is judged against the GPUs after.
         kernel_log = _Background(read_kernel_log, host)
         try:
             try:
@@ -193,9 +192,8 @@ class GpusReconciler(Reconciler):
             raise
         events, log = (), None
         if gpus:
-            text, log = kernel_log.result()
-            events, last_init = parse_kernel_log(text, [g.bus_id for g in gpus if g.mig])
-            log = replace(log, last_init=last_init)
+            fold, log = kernel_log.result()
+            events = fold.kernel_events([g.bus_id for g in gpus if g.mig])
         else:
             kernel_log.join()  # no GPU to judge: what it read is not needed
         gpus = [health.judge(g, events, log) for g in gpus]

@@ -78,6 +78,8 @@ def judge(gpu: Gpu, events: Sequence[KernelEvent], log: KernelLog | None) -> Gpu
         unknown.append(f"Xid errors unknown: {log.note}")
     elif log is not None and not log.complete:
         unknown.append(f"Xid errors unknown before the kernel log starts: {log.note}")
+    if log is not None and log.readable and log.lost:
+        unknown.append(f"Xid errors unknown in lines lost before they were read: {log.lost}")
     if unknown:
         return replace(gpu, health="unknown", problems=tuple(unknown), signals=(), step="")
     return replace(gpu, health="healthy", problems=(), signals=(), step="")

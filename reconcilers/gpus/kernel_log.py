@@ -1,36 +1,72 @@
-"""Reading this boot's kernel log, whole: the Xid history that matters starts at boot.
+"""Reading this boot's kernel log once, streamed, and only what is new since the last read.
 
-`dmesg` first (the kernel's ring buffer). The ring buffer is small (often 1 MiB) and a long
-uptime or an Xid storm rotates it, so when it does not reach back to boot (its first line is
-not the kernel's `Linux version` at `[    0.000000]`) the journal's copy of this boot's kernel
-messages is read instead (`journalctl -k -b 0`). When neither reaches back, or neither can be
-read (`dmesg` needs root where kernel.dmesg_restrict=1), the GPUs' health is `unknown`, never
-`healthy`: a critical Xid may be in the part that could not be read.
+The Xid history that matters starts at boot. Where it is read from, in this order, deciding
+before reading more than one line of either:
+- `/dev/kmsg` (the kernel's ring buffer, what `dmesg` reads; root where kernel.dmesg_restrict=1),
+  when its first record is the boot's first (sequence number 0) or the record of the last read
+  still follows on (its sequence number is in the buffer);
+- else `journalctl -k -b 0` (the journal's copy of this boot's kernel messages): the ring buffer
+  is small (often 1 MiB) and a long uptime or an Xid storm wraps it;
+- else the ring buffer as it is, incomplete: the GPUs' health is `unknown`, never `healthy`, as
+  when neither can be read (a critical Xid may be in the part that could not be read).
+
+Nothing is held whole: lines stream through fold.LogFold, which keeps each distinct fault once.
+What the fold learnt is kept in a record (RECORD in the state directory, written atomically)
+with where the read stopped: /dev/kmsg's sequence number (the kernel numbers every record,
+Documentation/ABI/testing/dev-kmsg), journald's cursor (`--show-cursor`, then `--cursor`), or a
+file's identity and offset. The next read (a second `diff`, every `watch` pass) parses only what
+came after (the ring buffer's older records are skipped by number, unparsed: /dev/kmsg cannot
+seek to one). Another boot (boot_id), another source, or a file that is not the one read (inode,
+a shorter size, other bytes before the offset) starts afresh.
+
+Lines lost before they were read are said, never guessed: when the ring buffer wrapped past the
+record's sequence number and the journal cannot stand in, or the journal no longer holds the
+cursor's entry (vacuumed, rotated away), the read goes on and `KernelLog.lost` says between which
+lines; the GPUs' health is `unknown` until the next boot or driver load makes those lines history.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 import os
 import re
-from typing import TYPE_CHECKING
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from ...core.host import CommandTimeout
+from ...core.atomic import write_json
+from ...core.paths import state_dir
+from .fold import LogFold
 from .observed import KernelLog
 from .xid import KERNEL_LOG_ENV
 
 if TYPE_CHECKING:
     from ...core.host import Host
 
-DMESG_TIMEOUT = 5.0
-JOURNAL_TIMEOUT = 15.0
-JOURNAL_ARGV = ["journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q"]
+KMSG_ENV = "RECONCILE_KMSG"  # a file in /dev/kmsg's format instead of /dev/kmsg: the tests' seam
+BOOT_ID_ENV = "RECONCILE_BOOT_ID_FILE"  # the same seam the extraction kind's records use
+KMSG = "/dev/kmsg"
+BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
+JOURNAL_TIMEOUT = 60.0
+JOURNAL_ARGV = ["journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q", "--show-cursor"]
+JOURNAL = " ".join(JOURNAL_ARGV[:4])
+RECORD = "gpus-kernel-log.json"
+RECORD_FORMAT = 1
+CHUNK = 1 << 18  # bytes decoded at a time
+BATCH = 4096  # ring-buffer records folded at a time
+FINGERPRINT = 4096  # bytes at each end of what a file's record covers, hashed
 _STAMP_RE = re.compile(r"\[\s*(\d+)\.\d+\]")
+_KMSG_ESCAPE_RE = re.compile(r"\\x([0-9a-fA-F]{2})")
 
 
-def starts_at_boot(text: str) -> tuple[bool, str]:
-    """(whether TEXT begins with this boot, the first timestamp seen)."""
+def starts_at_boot(lines: list[str]) -> tuple[bool, str]:
+    """(whether LINES begin with this boot, the first timestamp seen)."""
     first = ""
-    for line in text.splitlines()[:50]:
+    for line in lines[:50]:
         if "Linux version " in line:
             return True, first
         m = _STAMP_RE.search(line)
@@ -41,42 +77,307 @@ def starts_at_boot(text: str) -> tuple[bool, str]:
     return False, first
 
 
-def read_kernel_log(host: Host) -> tuple[str, KernelLog]:
+def boot_id() -> str:
+    try:
+        with open(os.environ.get(BOOT_ID_ENV) or BOOT_ID_FILE, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def record_path() -> str:
+    return os.path.join(state_dir(), RECORD)
+
+
+def _load_record(source: str, boot: str, check_boot: bool = True) -> dict[str, Any] | None:
+    """The last read's record when it was of SOURCE in this boot, else None (start afresh)."""
+    try:
+        with open(record_path(), encoding="utf-8") as fh:
+            rec = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("format") != RECORD_FORMAT or rec.get("source") != source:
+        return None
+    if check_boot and (not boot or rec.get("boot_id") != boot):
+        return None
+    return rec
+
+
+def _save_record(source: str, boot: str, fold: LogFold, log: KernelLog, position: dict[str, Any]) -> None:
+    try:
+        write_json(record_path(), {"format": RECORD_FORMAT, "source": source, "boot_id": boot,
+                                   "complete": log.complete, "note": log.note, "position": position,
+                                   "fold": fold.state()})
+    except OSError:
+        pass  # no record: the next read starts afresh, which is slower, never wrong
+
+
+def read_kernel_log(host: Host | None = None) -> tuple[LogFold, KernelLog]:
+    """This boot's kernel log folded (fold.LogFold) and where it came from. HOST is unused: the
+    gpus kind describes the machine reconcile runs on, and a command's whole output is what
+    streaming avoids holding."""
+    boot = boot_id()
     path = os.environ.get(KERNEL_LOG_ENV)
     if path:  # a test/diagnostic knob: the file is taken as the whole log
+        fold, log = _read_file(path, boot)
+    else:
+        fold, log = _read_machine(boot)
+    lost = fold.lost_since_init()
+    return fold, KernelLog(log.source, log.readable, log.complete, log.note, fold.last_init, lost,
+                           log.lines_read, log.resumed)
+
+
+# --- a file (RECONCILE_KERNEL_LOG) ---
+
+def _fingerprint(fh: Any, offset: int) -> str:
+    """What the bytes a record covers looked like: the first and last FINGERPRINT bytes before OFFSET."""
+    h = hashlib.sha256()
+    fh.seek(0)
+    h.update(fh.read(min(offset, FINGERPRINT)))
+    fh.seek(max(0, offset - FINGERPRINT))
+    h.update(fh.read(min(offset, FINGERPRINT)))
+    return h.hexdigest()
+
+
+def _texts_of(read: Callable[[int], bytes]) -> Iterator[str]:
+    """What READ gives, decoded, a chunk of whole lines at a time (no last newline); the very last
+    line may lack its newline."""
+    rest = b""
+    while True:
+        chunk = read(CHUNK)
+        if not chunk:
+            break
+        data = rest + chunk if rest else chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            rest = data
+            continue
+        rest = data[cut + 1:]
+        yield data[:cut].decode("utf-8", "replace")
+    if rest:
+        yield rest.decode("utf-8", "replace")
+
+
+def _read_file(path: str, boot: str) -> tuple[LogFold, KernelLog]:
+    source = f"file:{os.path.abspath(path)}"
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed below, after the record is written
+    except OSError as exc:
+        return LogFold(), KernelLog(path, readable=False, note=f"{path} unreadable: {exc.strerror}")
+    with fh:
+        st = os.fstat(fh.fileno())
+        rec = _load_record(source, boot, check_boot=False)
+        pos = rec["position"] if rec else {}
+        offset = int(pos.get("offset", -1))
+        same = (rec is not None and pos.get("dev") == st.st_dev and pos.get("ino") == st.st_ino
+                and 0 <= offset <= st.st_size and pos.get("fingerprint") == _fingerprint(fh, offset))
+        fold = LogFold(rec["fold"]) if same and rec else LogFold()
+        fh.seek(offset if same else 0)
+        before = fold.lines
+        for text in _texts_of(fh.read):
+            fold.feed(text=text)
+        end = fh.tell()
+        log = KernelLog(path, lines_read=fold.lines - before, resumed=same)
+        _save_record(source, boot, fold, log, {"dev": st.st_dev, "ino": st.st_ino, "offset": end,
+                                               "fingerprint": _fingerprint(fh, end)})
+    return fold, log
+
+
+# --- the machine: /dev/kmsg, else the journal ---
+
+def _kmsg_records(fd: int) -> Iterator[tuple[int, str]]:
+    """(sequence number, the line as dmesg prints it) of each record from FD on, until the ring
+    buffer has no more. A record overwritten while being read (EPIPE) shows as a jump in numbers."""
+    rest = b""
+    while True:
         try:
-            return host.read_text(path), KernelLog(path)
+            chunk = os.read(fd, 65536)  # /dev/kmsg: one record a read; a regular file: many
+        except BlockingIOError:
+            break
         except OSError as exc:
-            return "", KernelLog(path, readable=False, note=f"{path} unreadable: {exc.strerror}")
-    problems = []
-    dmesg = None
-    try:
-        res = host.run(["dmesg"], timeout=DMESG_TIMEOUT)
-        if res.ok:
-            dmesg = res.stdout
-            whole, first = starts_at_boot(dmesg)
-            if whole:
-                return dmesg, KernelLog("dmesg")
-            problems.append(f"the kernel ring buffer starts at {first or 'an unknown time'}, not at boot (rotated)")
+            if exc.errno == errno.EPIPE:
+                continue
+            raise
+        if not chunk:
+            break
+        data = rest + chunk if rest else chunk
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            rest = data
+            continue
+        rest = data[cut + 1:]
+        for raw in data[:cut].split(b"\n"):
+            if not raw or raw[:1] == b" ":
+                continue  # a record's dictionary (" SUBSYSTEM=pci"): not the message
+            header, _, text = raw.partition(b";")
+            fields = header.split(b",")
+            try:
+                seq, usec = int(fields[1]), int(fields[2])
+            except (IndexError, ValueError):
+                continue
+            line = f"[{usec // 1000000:5d}.{usec % 1000000:06d}] " + text.decode("utf-8", "replace")
+            if "\\x" in line:  # the kernel escapes newlines and other bytes in a message
+                line = _KMSG_ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 16)), line).replace("\n", "\n" + " " * 15)
+            yield seq, line
+
+
+def _fold_kmsg(fold: LogFold, records: Iterator[tuple[int, str]], after: int) -> int:
+    """Fold the RECORDS numbered above AFTER (-1: all); a jump in numbers is lines lost. The last
+    number read (AFTER when none)."""
+    batch: list[str] = []
+    last = after
+    for seq, line in records:
+        if seq <= after:
+            continue  # read by the last read: skipped unparsed
+        if last >= 0 and seq != last + 1:
+            fold.feed(batch)
+            batch = []
+            fold.gap(f"ring-buffer records {last + 1}..{seq - 1} were overwritten before they were read")
+        if "\n" in line:
+            batch.extend(line.split("\n"))
         else:
-            problems.append(f"dmesg: {res.brief()}")
-    except CommandTimeout:
-        problems.append("dmesg timed out")
+            batch.append(line)
+        last = seq
+        if len(batch) >= BATCH:
+            fold.feed(batch)
+            batch = []
+    fold.feed(batch)
+    return last
+
+
+def _chain(first: tuple[int, str] | None, rest: Iterator[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+    if first is not None:
+        yield first
+    yield from rest
+
+
+def _read_machine(boot: str) -> tuple[LogFold, KernelLog]:
+    kmsg = os.environ.get(KMSG_ENV) or KMSG
     try:
-        res = host.run(JOURNAL_ARGV, timeout=JOURNAL_TIMEOUT)
-        if res.ok and res.stdout.strip():
-            whole, _ = starts_at_boot(res.stdout)
-            if whole or dmesg is None:
-                return res.stdout, KernelLog("journalctl -k -b 0", complete=whole,
-                                             note="" if whole else "; ".join(
-                                                 [*problems, "the journal does not reach back to boot either"]))
-            problems.append("the journal does not reach back to boot either")
-        elif res.returncode == 127:
-            problems.append("journalctl is not installed")
+        fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        fold, log, why = _read_journal(boot)
+        if log is not None:
+            return fold, log
+        return fold, KernelLog("", readable=False, note=f"kernel log not readable: {kmsg}: {exc.strerror}; {why}")
+    try:
+        return _read_kmsg(fd, kmsg, boot)
+    finally:
+        os.close(fd)
+
+
+def _read_kmsg(fd: int, kmsg: str, boot: str) -> tuple[LogFold, KernelLog]:
+    """The ring buffer from its first record (the boot's, or the journal when it is not), or from
+    where the last read stopped."""
+    source = f"kmsg:{kmsg}"
+    records = _kmsg_records(fd)
+    first = next(records, None)  # decides the source before anything else is read
+    rec = _load_record(source, boot)
+    last_seq = int(rec["position"]["seq"]) if rec else -1
+    at_boot = first is not None and first[0] == 0
+    if rec is not None and (first is None or first[0] <= last_seq + 1):  # it follows on from the record
+        fold = LogFold(rec["fold"])
+        before = fold.lines
+        last = _fold_kmsg(fold, _chain(first, records), last_seq)
+        log = KernelLog(KMSG, complete=bool(rec.get("complete", True)), note=str(rec.get("note", "")),
+                        lines_read=fold.lines - before, resumed=True)
+    elif at_boot:
+        fold = LogFold()
+        last = _fold_kmsg(fold, _chain(first, records), -1)
+        log = KernelLog(KMSG, lines_read=fold.lines)
+    else:
+        start = first[1].split("]")[0] + "]" if first else ""
+        ring = ("the kernel ring buffer is empty" if first is None else
+                f"the kernel ring buffer starts at {start}, not at boot (rotated)" if rec is None else
+                f"the kernel ring buffer wrapped past the last read (record {last_seq}; it now starts at {first[0]})")
+        jfold, jlog, why = _read_journal(boot)
+        if jlog is not None and (jlog.complete or rec is None):
+            return jfold, jlog
+        why = why or jlog.note if jlog is not None else why
+        if rec is not None:  # the journal cannot stand in: go on, and say what was lost
+            fold = LogFold(rec["fold"])
+            fold.gap(f"ring-buffer records {last_seq + 1}..{first[0] - 1 if first else '?'} were overwritten "
+                     f"before they were read ({why})")
+            complete, note = bool(rec.get("complete", True)), str(rec.get("note", ""))
         else:
-            problems.append(f"journalctl: {res.brief()}")
-    except CommandTimeout:
-        problems.append("journalctl -k timed out")
-    if dmesg is not None:
-        return dmesg, KernelLog("dmesg", complete=False, note="; ".join(problems))
-    return "", KernelLog("", readable=False, note="kernel log not readable: " + "; ".join(problems))
+            fold, complete, note = LogFold(), False, f"{ring}; {why}"
+        before = fold.lines
+        last = _fold_kmsg(fold, _chain(first, records), first[0] - 1 if first else -1)
+        log = KernelLog(KMSG, complete=complete, note=note, lines_read=fold.lines - before, resumed=rec is not None)
+    if last >= 0:
+        _save_record(source, boot, fold, log, {"seq": last})
+    return fold, log
+
+
+def _read_journal(boot: str) -> tuple[LogFold, KernelLog | None, str]:
+    """`journalctl -k -b 0`, streamed; from the last read's cursor when there is one. The log
+    is None when the journal could not be read, and the last item says why."""
+    source = "journal"
+    rec = _load_record(source, boot)
+    cursor = rec["position"].get("cursor") if rec else None
+    argv = [*JOURNAL_ARGV, f"--cursor={cursor}"] if cursor else JOURNAL_ARGV
+    fold = LogFold(rec["fold"]) if cursor and rec else LogFold()
+    before = fold.lines
+    with tempfile.TemporaryFile() as err:
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL)
+        except OSError as exc:
+            return fold, None, "journalctl is not installed" if exc.errno == errno.ENOENT else \
+                f"journalctl: {exc.strerror}"
+        timer = threading.Timer(JOURNAL_TIMEOUT, proc.kill)
+        timer.start()
+        entry, cursor_out, first_lines, complete = "", "", True, True
+        try:
+            assert proc.stdout is not None
+            for text in _texts_of(proc.stdout.read):
+                lines = text.split("\n")
+                if first_lines:
+                    first_lines = False
+                    if cursor and rec:
+                        if lines and lines[0] == rec["position"].get("entry"):
+                            lines = lines[1:]  # the cursor's own entry, folded by the last read
+                            while lines and lines[0].startswith(" "):
+                                lines = lines[1:]
+                        else:
+                            fold.gap(f"the journal no longer holds the entries between {_stamp(rec)} and "
+                                     f"{_stamp_of(lines[0]) if lines else 'now'} (rotated or vacuumed before they "
+                                     "were read)")
+                    else:
+                        complete, _ = starts_at_boot(lines)
+                entry = next((x for x in reversed(lines) if x.startswith("[")), entry)
+                if lines and lines[-1].startswith("-- cursor: "):
+                    cursor_out = lines[-1][len("-- cursor: "):].strip()
+                fold.feed(lines)
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        said = err.read().decode("utf-8", "replace").strip().splitlines()
+    if code != 0:
+        return LogFold(), None, (f"journalctl timed out after {JOURNAL_TIMEOUT:g}s" if code == -9 else
+                                 f"`{JOURNAL}` exited {code}" + (f": {said[0]}" if said else ""))
+    if first_lines and not cursor:
+        return LogFold(), None, f"`{JOURNAL}` holds no kernel messages"
+    if first_lines and cursor:  # not even the cursor's own entry
+        fold.gap(f"the journal no longer holds the entry last read ({_stamp(rec or {})}) nor any after it")
+    if cursor and rec:
+        log = KernelLog(JOURNAL, complete=bool(rec.get("complete", True)), note=str(rec.get("note", "")),
+                        lines_read=fold.lines - before, resumed=True)
+    else:
+        log = KernelLog(JOURNAL, complete=complete, lines_read=fold.lines - before,
+                        note="" if complete else "the journal does not reach back to boot either")
+    if cursor_out:
+        _save_record(source, boot, fold, log, {"cursor": cursor_out, "entry": entry})
+    return fold, log, ""
+
+
+def _stamp_of(line: str) -> str:
+    m = _STAMP_RE.search(line)
+    return m.group(0) if m else "an entry with no time"
+
+
+def _stamp(rec: dict[str, Any]) -> str:
+    return _stamp_of(str((rec.get("position") or {}).get("entry", "")))

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from functools import cache
+from types import SimpleNamespace
 from typing import Any
 
 from ...core.contract import ObserveError
@@ -242,15 +244,66 @@ def _clock_events(nv: Any, h: Any, q: Callable) -> tuple[str, ...] | None:
     return tuple(name for bit, name in CLOCK_EVENT_BITS.items() if bits & bit)
 
 
+@cache
+def _process_info() -> Any:
+    """nvml.h's nvmlProcessInfo_v2_t (= nvmlProcessInfo_t), the entry of the _v2 and _v3 process lists
+    (ctypes imported only here: the observer child needs it, a warm `diff` does not)."""
+    import ctypes
+
+    class ProcessInfo(ctypes.Structure):
+        _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                    ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+    return ProcessInfo
+
+
+def _pynvml_lists_right(nv: Any) -> bool:
+    """Whether pynvml's process lists use nvml.h's entry. nvidia-ml-py 12.535.77's c_nvmlProcessInfo_t has a
+    fifth field (usedGpuCcProtectedMemory: 32 bytes, in no nvml.h), so its _v3 lists read the driver's
+    24-byte entries at a 32-byte stride: every process after the first has a wrong PID and memory
+    (tests/test_fakenvml_abi.py finds it against nvml.h). It also has no _v2 wrappers."""
+    import ctypes
+
+    entry = getattr(nv, "c_nvmlProcessInfo_v3_t", None) or getattr(nv, "c_nvmlProcessInfo_t", None)
+    return entry is None or ctypes.sizeof(entry) == ctypes.sizeof(_process_info())
+
+
+def _process_list(nv: Any, h: Any, symbol: str) -> list[Any]:
+    """The process list of SYMBOL read with nvml.h's own entry, as pynvml's wrapper does (NVML's two
+    calls: the count, then the entries; NVML_VALUE_NOT_AVAILABLE memory as None); NVMLError as pynvml's."""
+    import ctypes
+
+    fn = nv._nvmlGetFunctionPointer(symbol)  # NVMLError_FunctionNotFound on a driver without it
+    count = ctypes.c_uint(0)
+    ret = fn(h, ctypes.byref(count), None)
+    if ret == nv.NVML_SUCCESS:
+        return []
+    if ret != nv.NVML_ERROR_INSUFFICIENT_SIZE:
+        raise nv.NVMLError(ret)
+    count.value = count.value * 2 + 5  # room for processes started between the two calls
+    entries = (_process_info() * count.value)()
+    ret = fn(h, ctypes.byref(count), entries)
+    if ret != nv.NVML_SUCCESS:
+        raise nv.NVMLError(ret)
+    return [SimpleNamespace(pid=e.pid, usedGpuMemory=None if e.usedGpuMemory == 2**64 - 1 else e.usedGpuMemory,
+                            gpuInstanceId=e.gpuInstanceId, computeInstanceId=e.computeInstanceId)
+            for e in entries[:count.value]]
+
+
 def _processes(nv: Any, h: Any, i: int, q: Callable, uses: dict[int, list[GpuUse]]) -> bool:
     """Compute and graphics processes of GPU i into USES, merged by PID (and MIG instance); False
     when a list could not be read."""
     seen: dict[tuple[int, int | None], int | None] = {}
     listed = True
+    pynvml_right = _pynvml_lists_right(nv)
     for kind in ("Compute", "Graphics"):
         procs = None
         for suffix in ("_v3", "_v2"):  # _v3 from driver 510.39 on
-            fn = getattr(nv, f"nvmlDeviceGet{kind}RunningProcesses{suffix}")
+            symbol = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
+            fn = getattr(nv, symbol, None) if pynvml_right else None
+            if fn is None:  # a pynvml whose lists are wrong, or without this wrapper: nvml.h's entry
+                def fn(h: Any, symbol: str = symbol) -> list[Any]:
+                    return _process_list(nv, h, symbol)
             try:
                 procs = fn(h)
                 break

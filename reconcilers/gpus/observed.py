@@ -148,7 +148,8 @@ class Holder:
 class KernelEvent:
     """A driver message about a GPU in the kernel log: an Xid, or a GPU fallen off the bus without one.
 
-    Repeats of the same message are one event with a count (an Xid storm is thousands of lines)."""
+    Repeats of the same fault are one event with a count (an Xid storm is thousands of lines);
+    fold.py says which lines are the same fault."""
 
     pci: str  # "0000:3b:00" (domain:bus:device), as the driver prints it
     xid: int | None  # None: "fallen off the bus" without an Xid number
@@ -162,23 +163,30 @@ class KernelEvent:
     action: str = ""  # the step's catalogue action: RESET_GPU, RESTART_BM, RESTART_APP, IGNORE, ...
     step: str = ""
     why: str = ""  # what decided it: "Xid 48: WORKFLOW_XID_48", "Xid 94: RESTART_APP; the driver says RST: Yes"
+    varies: bool = False  # folded lines differ from `detail` (the first's) in hexadecimal values (addresses)
 
     def describe(self) -> str:
         what = f"Xid {self.xid}" if self.xid is not None else "GPU has fallen off the bus (no Xid number)"
         when = f" at {self.first}" if self.first else ""
-        times = f" ({self.count} times, last {self.last})" if self.count > 1 else ""
+        varies = ", addresses vary" if self.varies else ""
+        times = f" ({self.count} times, last {self.last}{varies})" if self.count > 1 else ""
         return f"{what}{when}{times}" + (f": {self.detail}" if self.detail and self.xid is not None else "")
 
 
 @dataclass(frozen=True)
 class KernelLog:
-    """Where the kernel log was read from, and whether all of this boot's was."""
+    """Where the kernel log was read from, whether all of this boot's was, and what this read added."""
 
-    source: str  # "dmesg", "journalctl -k -b", a file (RECONCILE_KERNEL_LOG); "" when not read
+    source: str  # "/dev/kmsg", "journalctl -k -b 0", a file (RECONCILE_KERNEL_LOG); "" when not read
     readable: bool = True
     complete: bool = True  # False: it does not reach back to boot (ring buffer rotated)
     note: str = ""  # why not readable / not complete
     last_init: str = ""  # the latest boot/driver-load line it holds: Xids before it are history
+    # Lines the source no longer held when they were to be read (the ring buffer wrapped, the
+    # journal was vacuumed past the cursor) since the last boot or driver load: "between X and Y".
+    lost: str = ""
+    lines_read: int = 0  # lines this read parsed: only what is new since the last read when it went on
+    resumed: bool = False  # True: this read went on from the record of the last one (kernel_log.py)
 
 
 @dataclass(frozen=True)

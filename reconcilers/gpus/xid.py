@@ -23,29 +23,10 @@ them is history (kept in the report, not judged):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import replace
 
-from .catalogue import HARMLESS, RECOVERY_ACTIONS, STEPS, XIDS, step_text
-from .observed import KernelEvent
+from .catalogue import HARMLESS, RECOVERY_ACTIONS, STEPS, XIDS
 
 KERNEL_LOG_ENV = "RECONCILE_KERNEL_LOG"
-
-_PCI = r"(?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
-_XID_RE = re.compile(r"NVRM: Xid \(" + _PCI + r"(?:\s+GPU-I:(\d+))?(?:\s+GPU-CI:(\d+))?\):\s*(\d+)\s*,?\s*(.*)")
-_BDF = r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})\.[0-7]"
-_FALLEN_RES = (re.compile(r"NVRM: GPU " + _BDF + r": GPU has fallen off the bus"),
-               re.compile(r"NVRM: GPU at (?:PCI:)?" + _BDF + r" has fallen off the bus"))
-_PROBE_GPU_RE = re.compile(r"NVRM: The NVIDIA GPU " + _BDF)
-_LOAD = "NVRM: loading NVIDIA UNIX"  # a driver load: a fixed string
-_BOOT_RE = re.compile(r"\bLinux version \d")
-_RESET = " was successfully reset"
-_RESET_RE = re.compile(r"\bGPU " + _BDF + _RESET)
-_PIDNAME_RE = re.compile(r"^pid=('[^']*'|[^,]*),\s*(name=[^,]*,\s*)?")
-_WHEN_RES = (re.compile(r"\[\s*\d+\.\d+\]"),  # dmesg: seconds since boot
-             re.compile(r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"),  # dmesg -T
-             re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d+[+-]\d\d:?\d\d"),  # dmesg --time-format iso
-             re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d"))  # syslog
 
 
 def pci_key(bus_id: str) -> str:
@@ -60,81 +41,6 @@ def pci_key(bus_id: str) -> str:
         return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{int(dev, 16):02x}"
     except ValueError:
         return s
-
-
-def _when(line: str) -> str:
-    head = line.split("NVRM:", 1)[0]
-    for rx in _WHEN_RES:
-        m = rx.search(head)
-        if m:
-            return m.group(0)
-    return ""
-
-
-def parse_kernel_log(text: str, mig_pcis: Iterable[str] = ()) -> tuple[tuple[KernelEvent, ...], str]:
-    """Every driver message about a GPU, oldest first, repeats folded; and the last (re)initialisation
-    line seen. Each event carries NVIDIA's verdict and whether it is current (since that GPU was
-    last initialised). MIG_PCIS: GPUs with MIG on (Xid 63/64 then stand for NVML's remap signal)."""
-    mig = {pci_key(p) for p in mig_pcis}
-    events: dict[tuple, list] = {}  # key -> [KernelEvent, index of the first line]
-    order: list[tuple] = []
-    init_all = -1  # line number of the last boot or driver load
-    init_gpu: dict[str, int] = {}  # pci -> line number of its last reset
-    last_init = ""
-    probe_pci: str | None = None  # "The NVIDIA GPU <bdf>" waiting for its "fallen off the bus" line
-    probe_left = 0
-    for n, line in enumerate(text.splitlines()):
-        # A regular expression is tried only on a line holding its fixed words: a kernel log is
-        # mostly other lines, and this runs on every observe (a 1 MiB ring buffer: ~10k lines).
-        if ("Linux version " in line and _BOOT_RE.search(line)) or _LOAD in line:
-            init_all, last_init = n, line.strip()
-            continue
-        m = _RESET_RE.search(line) if _RESET in line else None
-        if m:
-            init_gpu[pci_key(m.group(1))] = n
-            continue
-        if "NVRM:" not in line:
-            continue
-        found: tuple[str, int | None, str, int | None] | None = None
-        m = _XID_RE.search(line)
-        if m:
-            detail = _PIDNAME_RE.sub("", m.group(5).strip()).strip()
-            found = (pci_key(m.group(1)), int(m.group(4)), detail, int(m.group(2)) if m.group(2) else None)
-        else:
-            for rx in _FALLEN_RES:
-                fm = rx.search(line)
-                if fm:
-                    found = (pci_key(fm.group(1)), None, "", None)
-                    break
-            pm = _PROBE_GPU_RE.search(line)
-            if pm:
-                probe_pci, probe_left = pci_key(pm.group(1)), 3
-                if "fallen off the bus" not in line:
-                    continue
-            if found is None and probe_pci and probe_left > 0:
-                probe_left -= 1
-                if "fallen off the bus" in line:
-                    found = (probe_pci, None, "", None)
-                    probe_pci = None
-        if found is None:
-            continue
-        pci, xid, detail, gi = found
-        key = (pci, xid, detail, gi)
-        when = _when(line)
-        if key in events:
-            ev, _ = events[key]
-            events[key][0] = replace(ev, count=ev.count + 1, last=when or ev.last)
-            events[key][1] = n  # the latest occurrence decides whether it is current
-            continue
-        events[key] = [KernelEvent(pci=pci, xid=xid, detail=detail, first=when, last=when, gpu_instance=gi), n]
-        order.append(key)
-    out = []
-    for key in order:
-        ev, n = events[key]
-        current = n > init_all and n > init_gpu.get(ev.pci, -1)
-        keep_off, action, why = judge_xid(ev.xid, ev.detail, ev.pci in mig)
-        out.append(replace(ev, current=current, keep_off=keep_off, action=action, step=step_text(action), why=why))
-    return tuple(out), last_init
 
 
 _CAUSE_RE = re.compile(r"caused by previous Xid (\d+)", re.I)

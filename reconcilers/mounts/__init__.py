@@ -37,7 +37,7 @@ from ...core.contract import (
     Resource,
     run_action,
 )
-from ...core.values import format_bytes, format_duration, never_answers, parse_duration, parse_size_or_percent
+from ...core.values import dotted, format_bytes, format_duration, never_answers, parse_duration, parse_size_or_percent
 from .observed import MountInfo, MountObserved, ResolvedSource, observed_from
 from .options import holds, tmpfs_shown
 from .probe import PROBE_PREFIX, probe_mount
@@ -173,12 +173,28 @@ class MountsReconciler(Reconciler):
             if "min_free_inodes" in spec:
                 spec["min_free_inodes"] = parse_count_or_percent(spec["min_free_inodes"])
             spec["probe_timeout"] = parse_duration(spec.get("probe_timeout", DEFAULT_PROBE_TIMEOUT))
-            out.append(Resource(id=f"mount:{name}", kind=self.kind, name=name, spec=spec,
+            out.append(Resource(id=f"mount:{spec['path']}", kind=self.kind, name=name, spec=spec,
                                 needs=tuple(raw.get("needs", ()))))
         return out
 
+    def canonical_name(self, name: str) -> str:
+        # One mount point, however many slashes: systemd's unit for `/tmp/` is tmp.mount, as for
+        # `/tmp` (systemd-escape --path; path_simplify), and libmount matches fstab targets the
+        # same way (streq_paths). The id is the path as reconcile keys it.
+        return norm_path(name)
+
     def problems(self, section: Any) -> list[tuple[tuple, str]]:
-        return never_answers((((name,), spec) for name, spec in section.items()), "probe_timeout")
+        out = never_answers((((name,), spec) for name, spec in section.items()), "probe_timeout")
+        first: dict[str, str] = {}
+        for name in section:
+            path = norm_path(name)
+            if path in first:
+                out.append(((name,), f"{dotted((name,))}: the same mount point as {json.dumps(first[path])} "
+                                     f"above (a path with trailing or repeated slashes is one mount point: "
+                                     f"mount:{path}); declare it once"))
+            else:
+                first[path] = name
+        return out
 
     # --- observe ------------------------------------------------------------------------
 

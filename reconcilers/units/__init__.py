@@ -86,14 +86,25 @@ class UnitsReconciler(Reconciler):
     def problems(self, section: Any) -> list[tuple[tuple, str]]:
         out = []
         for name, spec in section.items():
-            # A template is no unit that can run: systemd refuses to start one ("Unit name
-            # foo@.service is missing the instance name", unit-name.c unit_name_is_template).
-            # Enabling one can hold (through DefaultInstance=), and so can masking it.
-            if isinstance(spec, dict) and spec.get("active") is True and name_kind(name) == "template":
-                stem, _, suffix = name.rpartition(".")
+            if name_kind(name) != "template":
+                continue
+            stem, _, suffix = name.rpartition(".")
+            instead = f"declare an instance such as {stem}NAME.{suffix}"
+            if isinstance(spec, dict) and spec.get("active") is True:
+                # systemd refuses to start one ("Unit name foo@.service is missing the instance
+                # name", unit-name.c unit_name_is_template): said at the value.
                 out.append(((name, "active"), f"{dotted((name, 'active'))}: a template cannot be active (systemd "
-                                              f"starts only its instances); declare an instance such as "
-                                              f"{stem}NAME.{suffix}"))
+                                              f"starts only its instances); {instead}"))
+            else:
+                # Whatever else is declared, diff could never observe it: `systemctl show` and
+                # `is-active` refuse a template's name (systemd 252: "Unit name foo@.service is
+                # neither a valid invocation ID nor unit name"). `is-enabled` does read a
+                # template's unit file, but enabling one acts on an instance (DefaultInstance=)
+                # and masking one masks every instance: declared per instance, each is observed.
+                # Refused at the name, before diff says so.
+                out.append(((name,), f"{dotted((name,))}: a template has no state of its own to check: systemd "
+                                      f"keeps one only for its instances (`systemctl show {name}`: "
+                                      f"\"neither a valid invocation ID nor unit name\"); {instead}"))
         return out
 
     def observe(self, host: Host, resources: Sequence[Resource]) -> dict[str, Any]:

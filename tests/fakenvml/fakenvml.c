@@ -49,8 +49,11 @@
  * call is appended to $FAKE_NVML_CONFIG.calls.
  *
  * Build with -DFAKE_OLD_DRIVER to leave out the _v3 process queries,
- * nvmlDeviceGetMemoryInfo_v2 and nvmlDeviceGetTemperatureV (drivers < 510), or with
- * -DFAKE_NO_TEMPERATURE_V to leave out only the last: pynvml then raises FunctionNotFound.
+ * nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetTemperatureV and the ClocksEvent names (drivers < 510), or with
+ * -DFAKE_NO_TEMPERATURE_V to leave out only nvmlDeviceGetTemperatureV: pynvml then raises FunctionNotFound.
+ *
+ * NVML's types, constants and prototypes are nvml.h's own: fakenvml.h includes it (NVIDIA's notice there),
+ * tests/nvml_header.py fetches it.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -246,13 +249,14 @@ const char *driver(void) { return driver_version; }
 /* --- handles and injected errors ---------------------------------------------------- */
 
 fake_gpu *as_gpu(nvmlDevice_t dev) {
-    fake_gpu *g = (fake_gpu *)dev;
+    fake_gpu *g = (fake_gpu *)(void *)dev;
     return (g >= gpus && g < gpus + ngpus) ? g : NULL;
 }
 
 fake_mig *as_mig(nvmlDevice_t dev) {
     for (unsigned i = 0; i < ngpus; i++)
-        if ((fake_mig *)dev >= gpus[i].migs && (fake_mig *)dev < gpus[i].migs + gpus[i].nmig) return (fake_mig *)dev;
+        if ((fake_mig *)(void *)dev >= gpus[i].migs && (fake_mig *)(void *)dev < gpus[i].migs + gpus[i].nmig)
+            return (fake_mig *)(void *)dev;
     return NULL;
 }
 
@@ -426,7 +430,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!device || index >= ngpus) return NVML_ERROR_INVALID_ARGUMENT;
     CHECK(&gpus[index], "handle");
-    *device = &gpus[index];
+    *device = handle_of(&gpus[index]);
     return NVML_SUCCESS;
 }
 
@@ -436,7 +440,7 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     for (unsigned i = 0; i < ngpus; i++) {
         if (strcmp(gpus[i].uuid, uuid)) continue;
         CHECK(&gpus[i], "handle");
-        *device = &gpus[i];
+        *device = handle_of(&gpus[i]);
         return NVML_SUCCESS;
     }
     return NVML_ERROR_NOT_FOUND;
@@ -522,7 +526,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem) {
 #ifndef FAKE_OLD_DRIVER
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem) {
     unsigned long long total, reserved, used;
-    if (mem && mem->version != NVML_MEMORY_V2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (mem && mem->version != nvmlMemory_v2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     nvmlReturn_t r = memory_of(dev, &total, &reserved, &used);
     if (r) return r;
     mem->total = total;
@@ -549,10 +553,10 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t dev, unsigned
     return processes(dev, count, infos, 1);
 }
 
-nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensor, unsigned int *temp) {
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, nvmlTemperatureSensors_t sensor, unsigned int *temp) {
     fake_gpu *g = as_gpu(dev);
     CHECK(g, "temp");
-    if (sensor != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    if (sensor != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
     if (unsupported(g, "temp")) return NVML_ERROR_NOT_SUPPORTED;
     *temp = g->temp;
     return NVML_SUCCESS;
@@ -566,22 +570,22 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned int *power) {
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, int errorType, int counterType,
-                                         unsigned long long *count) {
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t dev, nvmlMemoryErrorType_t errorType,
+                                         nvmlEccCounterType_t counterType, unsigned long long *count) {
     fake_gpu *g = as_gpu(dev);
     CHECK(g, "ecc");
     if (unsupported(g, "ecc")) return NVML_ERROR_NOT_SUPPORTED;
-    /* volatile (0) counts: uncorrected (1) and corrected (0); aggregate reads the same */
-    *count = errorType == 1 ? g->ecc_volatile : g->ecc_corrected;
+    /* volatile counts: uncorrected and corrected; aggregate reads the same */
+    *count = errorType == NVML_MEMORY_ERROR_TYPE_UNCORRECTED ? g->ecc_volatile : g->ecc_corrected;
     (void)counterType;
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, int *pending) {
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t dev, nvmlEnableState_t *pending) {
     fake_gpu *g = as_gpu(dev);
     CHECK(g, "retired");
     if (unsupported(g, "retired")) return NVML_ERROR_NOT_SUPPORTED;
-    *pending = g->retired_pending ? 1 : 0;
+    *pending = g->retired_pending ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
     return NVML_SUCCESS;
 }
 

@@ -7,24 +7,39 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef int nvmlReturn_t;
-enum {
-    NVML_SUCCESS = 0,
-    NVML_ERROR_UNINITIALIZED = 1,
-    NVML_ERROR_INVALID_ARGUMENT = 2,
-    NVML_ERROR_NOT_SUPPORTED = 3,
-    NVML_ERROR_NO_PERMISSION = 4,
-    NVML_ERROR_NOT_FOUND = 6,
-    NVML_ERROR_INSUFFICIENT_SIZE = 7,
-    NVML_ERROR_DRIVER_NOT_LOADED = 9,
-    NVML_ERROR_GPU_IS_LOST = 15,
-    NVML_ERROR_RESET_REQUIRED = 16,
-    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
-    NVML_ERROR_IN_USE = 19,
-    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
-    NVML_ERROR_DEPRECATED = 26,
-    NVML_ERROR_UNKNOWN = 999,
-};
+/* NVML's own types, constants and prototypes: nvml.h from NVIDIA's nvidia-nvml-dev wheel (fetched,
+ * never vendored: tests/nvml_header.py). Every function the fake exports is compiled against the
+ * header's prototype (a different one is a compile error, a missing one too: -Werror=missing-prototypes).
+ * NVML_NO_UNVERSIONED_FUNC_DEFS: nvml.h would otherwise #define nvmlInit to nvmlInit_v2 (and so on), and
+ * the fake exports both names, as the real library does; with it nvml.h declares the unversioned ones.
+ *
+ * nvml.h is Copyright 1993-2026 NVIDIA Corporation; its notice asks that code using it carry this:
+ * NVIDIA MAKES NO REPRESENTATION ABOUT THE SUITABILITY OF THIS SOURCE
+ * CODE FOR ANY PURPOSE.  IT IS PROVIDED "AS IS" WITHOUT EXPRESS OR
+ * IMPLIED WARRANTY OF ANY KIND.  NVIDIA DISCLAIMS ALL WARRANTIES WITH
+ * REGARD TO THIS SOURCE CODE, INCLUDING ALL IMPLIED WARRANTIES OF
+ * MERCHANTABILITY, NONINFRINGEMENT, AND FITNESS FOR A PARTICULAR PURPOSE.
+ * IN NO EVENT SHALL NVIDIA BE LIABLE FOR ANY SPECIAL, INDIRECT, INCIDENTAL,
+ * OR CONSEQUENTIAL DAMAGES, OR ANY DAMAGES WHATSOEVER RESULTING FROM LOSS
+ * OF USE, DATA OR PROFITS,  WHETHER IN AN ACTION OF CONTRACT, NEGLIGENCE
+ * OR OTHER TORTIOUS ACTION,  ARISING OUT OF OR IN CONNECTION WITH THE USE
+ * OR PERFORMANCE OF THIS SOURCE CODE.
+ *
+ * U.S. Government End Users.   This source code is a "commercial item" as
+ * that term is defined at  48 C.F.R. 2.101 (OCT 1995), consisting  of
+ * "commercial computer  software"  and "commercial computer software
+ * documentation" as such terms are  used in 48 C.F.R. 12.212 (SEPT 1995)
+ * and is provided to the U.S. Government only as a commercial end item.
+ * Consistent with 48 C.F.R.12.212 and 48 C.F.R. 227.7202-1 through
+ * 227.7202-4 (JUNE 1995), all U.S. Government End Users acquire the
+ * source code with only those rights set forth herein.
+ *
+ * Any use of this source code in individual and commercial software must
+ * include, in the user documentation and internal comments to the code,
+ * the above Disclaimer and U.S. Government End Users Notice.
+ */
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include <nvml.h>
 
 #define MAX_GPUS 64
 #define MAX_HOLDERS 64
@@ -34,9 +49,8 @@ enum {
 #define MAX_MEM_CLOCKS 8
 #define MAX_GR_CLOCKS 256
 #define MIB (1024ULL * 1024ULL)
-#define NVML_MEMORY_V2 0x02000028u
-#define NOT_AVAILABLE 0xFFFFFFFFFFFFFFFFULL
-#define NO_INSTANCE 0xFFFFFFFFu
+#define NOT_AVAILABLE ((unsigned long long)NVML_VALUE_NOT_AVAILABLE) /* usedGpuMemory not reported */
+#define NO_INSTANCE 0xFFFFFFFFu /* gpuInstanceId outside MIG (nvml.h, nvmlProcessInfo_v2_t) */
 
 typedef struct fake_gpu fake_gpu;
 
@@ -79,33 +93,6 @@ typedef struct {
     int graphics, both, mem_na, hidden, gi, ci;
 } fake_holder;
 
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-    unsigned int gpuInstanceId;
-    unsigned int computeInstanceId;
-} nvmlProcessInfo_t;
-
-typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
-typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
-
-typedef struct {
-    char busIdLegacy[16];
-    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
-    char busId[32];
-} nvmlPciInfo_t;
-
-typedef union { double dVal; unsigned uiVal; unsigned long ulVal; unsigned long long ullVal;
-                long long sllVal; int siVal; unsigned short usVal; } nvmlValue_t;
-typedef struct {
-    uint32_t fieldId, scopeId;
-    int64_t timestamp, latencyUsec;
-    unsigned valueType;
-    nvmlReturn_t nvmlReturn;
-    nvmlValue_t value;
-} nvmlFieldValue_t;
-
-typedef void *nvmlDevice_t;
 
 extern fake_gpu gpus[MAX_GPUS];
 extern unsigned ngpus;
@@ -130,12 +117,20 @@ void load_state(void);
 void save_state(void);
 void log_call(const char *call, const fake_gpu *g, const char *args, nvmlReturn_t rc);
 void gpu_key(fake_gpu *g, const char *key, const char *val);
+/* NVML's handles are opaque (struct nvmlDevice_st *): the fake's are its own GPUs and MIG instances. */
+#define handle_of(p) ((nvmlDevice_t)(void *)(p))
 fake_gpu *as_gpu(nvmlDevice_t dev);
 fake_mig *as_mig(nvmlDevice_t dev);
 /* The error a call on this GPU returns: not initialised, a bad handle, or the injected one. */
 nvmlReturn_t check(fake_gpu *g, const char *call);
 int unsupported(const fake_gpu *g, const char *what);
 nvmlReturn_t copy_str(const char *src, char *dst, unsigned int length);
+
+/* The fake's own exports (not NVML): what a GPU reset, a reboot and nvidia-persistenced do, called by the
+ * tests through ctypes (fakenvml_settings.c). */
+int fake_nvml_reset_gpu(unsigned index);
+int fake_nvml_reboot(void);
+int fake_nvml_persistenced(int on);
 
 #define CHECK(g, call) do { nvmlReturn_t r_ = check((g), (call)); if (r_) return r_; } while (0)
 #endif

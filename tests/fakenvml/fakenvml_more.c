@@ -11,22 +11,20 @@
  * `unsupported=temp` covers both, as the sensor is one. Left out with -DFAKE_NO_TEMPERATURE_V
  * or -DFAKE_OLD_DRIVER (a driver before the call existed: pynvml raises FunctionNotFound). */
 #if !defined(FAKE_NO_TEMPERATURE_V) && !defined(FAKE_OLD_DRIVER)
-typedef struct { unsigned int version; int sensorType; int temperature; } nvmlTemperature_v1_t;
-#define NVML_TEMPERATURE_V1 ((unsigned)(sizeof(nvmlTemperature_v1_t) | (1u << 24)))
-
 nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t dev, nvmlTemperature_v1_t *t) {
     fake_gpu *g = as_gpu(dev);
     CHECK(g, "temp_v");
     if (!t) return NVML_ERROR_INVALID_ARGUMENT;
-    if (t->version != NVML_TEMPERATURE_V1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-    if (t->sensorType != 0) return NVML_ERROR_INVALID_ARGUMENT; /* NVML_TEMPERATURE_GPU is the only sensor */
+    if (t->version != nvmlTemperature_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (t->sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT; /* the only sensor */
     if (unsupported(g, "temp")) return NVML_ERROR_NOT_SUPPORTED;
     t->temperature = (int)g->temp;
     return NVML_SUCCESS;
 }
 #endif
 
-/* Field values: 230 recovery action, 91 NVLink link count, 1/2 ECC mode current/pending; others NOT_SUPPORTED per field. */
+/* Field values (nvml.h's NVML_FI_* ids): the recovery action, the NVLink link count, the ECC mode current and
+ * pending; every other field NOT_SUPPORTED in its own nvmlReturn. */
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValue_t *values) {
     fake_gpu *g = as_gpu(dev);
     CHECK(g, "fields");
@@ -35,35 +33,41 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t dev, int count, nvmlFieldValu
         nvmlFieldValue_t *v = &values[i];
         v->timestamp = 0;
         v->latencyUsec = 0;
-        v->valueType = 1; /* NVML_VALUE_TYPE_UNSIGNED_INT */
+        v->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
         v->nvmlReturn = NVML_SUCCESS;
         v->value.ullVal = 0;
-        if (v->fieldId == 230 && !unsupported(g, "recovery")) v->value.uiVal = g->recovery;
-        else if (v->fieldId == 91 && g->nlinks >= 0) v->value.uiVal = (unsigned)g->nlinks;
-        else if (v->fieldId == 1 && !unsupported(g, "ecc")) v->value.uiVal = (unsigned)g->ecc; /* ECC_CURRENT */
-        else if (v->fieldId == 2 && !unsupported(g, "ecc")) v->value.uiVal = (unsigned)g->ecc_pending;
+        if (v->fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION && !unsupported(g, "recovery")) v->value.uiVal = g->recovery;
+        else if (v->fieldId == NVML_FI_DEV_NVLINK_LINK_COUNT && g->nlinks >= 0) v->value.uiVal = (unsigned)g->nlinks;
+        else if (v->fieldId == NVML_FI_DEV_ECC_CURRENT && !unsupported(g, "ecc")) v->value.uiVal = (unsigned)g->ecc;
+        else if (v->fieldId == NVML_FI_DEV_ECC_PENDING && !unsupported(g, "ecc")) v->value.uiVal = (unsigned)g->ecc_pending;
         else v->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
     }
     return NVML_SUCCESS;
 }
 
+/* Clock-event (throttle) reasons: a driver exports both names; the "ClocksEvent" ones came with driver 535
+ * (nvml.h 12.2 deprecates the "ClocksThrottle" ones), so the old driver (-DFAKE_OLD_DRIVER) has only those. */
+static nvmlReturn_t clock_reasons(nvmlDevice_t dev, unsigned long long *reasons, int supported) {
+    fake_gpu *g = as_gpu(dev);
+    CHECK(g, "clocks");
+    if (unsupported(g, "clocks")) return NVML_ERROR_NOT_SUPPORTED;
+    if (!reasons) return NVML_ERROR_INVALID_ARGUMENT;
+    *reasons = supported ? g->clocks_supported : g->clocks_event;
+    return NVML_SUCCESS;
+}
+#ifndef FAKE_OLD_DRIVER
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t dev, unsigned long long *reasons) {
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "clocks");
-    if (unsupported(g, "clocks")) return NVML_ERROR_NOT_SUPPORTED;
-    *reasons = g->clocks_event;
-    return NVML_SUCCESS;
+    return clock_reasons(dev, reasons, 0);
 }
-nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *reasons) {
-    return nvmlDeviceGetCurrentClocksEventReasons(dev, reasons);
-}
-
 nvmlReturn_t nvmlDeviceGetSupportedClocksEventReasons(nvmlDevice_t dev, unsigned long long *reasons) {
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "clocks");
-    if (unsupported(g, "clocks")) return NVML_ERROR_NOT_SUPPORTED;
-    *reasons = g->clocks_supported;
-    return NVML_SUCCESS;
+    return clock_reasons(dev, reasons, 1);
+}
+#endif
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *reasons) {
+    return clock_reasons(dev, reasons, 0);
+}
+nvmlReturn_t nvmlDeviceGetSupportedClocksThrottleReasons(nvmlDevice_t dev, unsigned long long *reasons) {
+    return clock_reasons(dev, reasons, 1);
 }
 
 static nvmlReturn_t pcie(nvmlDevice_t dev, int which, unsigned *out) {
@@ -127,7 +131,7 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t dev, unsigned inde
     CHECK(g, "mig");
     if (!g->mig) return NVML_ERROR_INVALID_ARGUMENT;
     if (index >= (unsigned)g->nmig) return NVML_ERROR_NOT_FOUND;
-    *mig = &g->migs[index];
+    *mig = handle_of(&g->migs[index]);
     return NVML_SUCCESS;
 }
 
@@ -157,6 +161,6 @@ nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t dev, nvml
     fake_mig *m = as_mig(dev);
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     if (!m) return NVML_ERROR_INVALID_ARGUMENT;
-    *parent = m->parent;
+    *parent = handle_of(m->parent);
     return NVML_SUCCESS;
 }

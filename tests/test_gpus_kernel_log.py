@@ -1,0 +1,270 @@
+"""Reading the kernel log: once, streamed, in memory that does not grow with the log, and a
+second read that parses only what is new (reconcilers/gpus/kernel_log.py, fold.py).
+
+Sources: a file (RECONCILE_KERNEL_LOG), /dev/kmsg (a file in its format through RECONCILE_KMSG,
+and the real one read-only where this process may), `journalctl -k -b 0` (the real journal where
+it holds kernel messages; a `journalctl` on PATH where the source must be told apart)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from reconcile_host.reconcilers.gpus import health
+from reconcile_host.reconcilers.gpus.fold import parse_kernel_log
+from reconcile_host.reconcilers.gpus.kernel_log import JOURNAL, KMSG, read_kernel_log, record_path
+from reconcile_host.reconcilers.gpus.observed import Gpu
+
+BOOT = "[    0.000000] Linux version 6.1.0\n"
+XID79 = "[ 4254.1] NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off the bus.\n"
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """A state directory of the test's own, no RECONCILE_KERNEL_LOG, a boot id file of its own."""
+    monkeypatch.setenv("RECONCILE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("RECONCILE_KERNEL_LOG", raising=False)
+    monkeypatch.delenv("RECONCILE_KMSG", raising=False)
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    monkeypatch.setenv("RECONCILE_BOOT_ID_FILE", str(boot))
+    return tmp_path
+
+
+def storm(n: int, unique_every: int = 7) -> str:
+    """N lines of a sick node's log: 29 distinct faults (Xid number, GPU, verdict) from a few
+    processes, every UNIQUE_EVERY-th MMU fault at an address of its own, ESR registers varying,
+    between other kernel lines."""
+    out = []
+    for i in range(n):
+        k = i % 29
+        pci = f"0000:{0x18 + k % 8:02x}:00"
+        at = f"[{1000 + i * 0.001:12.6f}]"
+        if i % 5 == 4:
+            out.append(f"{at} mlx5_core 0000:c1:00.0: poll_health:{i}: port {k % 2} ok")
+        elif k < 8:
+            out.append(f"{at} NVRM: Xid (PCI:{pci}): 95, pid={4000 + i % 3}, name=python3, Uncontained: "
+                       "LTC TAG (0x2, 0x1). RST: Yes, D-RST: No")
+        elif k < 16:
+            addr = f"0x{(i if i % unique_every == 0 else k) * 4096:012x}"
+            out.append(f"{at} NVRM: Xid (PCI:{pci}): 31, pid={5000 + i % 4}, name=pt_main_thread, "
+                       f"Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_8 faulted @ {addr}. "
+                       "Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_WRITE")
+        elif k < 24:
+            out.append(f"{at} NVRM: Xid (PCI:{pci}): 13, pid='<unknown>', name=<unknown>, "
+                       f"Graphics Exception: ESR 0x546fb0=0x{i % 97:x} 0x546fb4=0x24")
+        else:
+            out.append(f"{at} NVRM: Xid (PCI:{pci}): 154, GPU recovery action changed from "
+                       f"0x0 (None) to 0x{1 + k % 2} ({'GPU Reset' if k % 2 == 0 else 'Node Reboot'} Required)")
+    return "\n".join(out) + "\n"
+
+
+def distinct(events) -> set:
+    return {(e.pci, e.xid, e.action) for e in events}
+
+
+def test_repeats_fold_into_one_event_per_distinct_fault():
+    text = storm(20_000)
+    events, _ = parse_kernel_log(text)
+    # The faults the generator wrote, read back from its lines with the fold's own parser one at a time.
+    lines = [x for x in text.splitlines() if "NVRM" in x]
+    one_by_one = {(e.pci, e.xid, e.action) for x in lines[:29 * 6] for e in parse_kernel_log(x)[0]}
+    assert len(events) == len(distinct(events)) == len(one_by_one)
+    assert sum(e.count for e in events) == len(lines)
+    mmu = [e for e in events if e.xid == 31]
+    assert mmu and all(e.varies and "faulted @ 0x" in e.detail for e in mmu)
+    assert "addresses vary" in mmu[0].describe()
+    # Xid 154 to 0x1 and to 0x2 differ in their step: never folded into one.
+    assert {e.action for e in events if e.xid == 154} == {"RESET_GPU", "RESTART_BM"}
+
+
+def _rchar() -> int:
+    with open("/proc/self/io") as fh:
+        return next(int(x.split()[1]) for x in fh if x.startswith("rchar:"))
+
+
+def test_a_second_read_of_a_file_reads_only_what_was_appended(env, monkeypatch):
+    log = env / "kern.log"
+    log.write_text(BOOT + storm(200_000))
+    monkeypatch.setenv("RECONCILE_KERNEL_LOG", str(log))
+    before = _rchar()
+    fold, first = read_kernel_log()
+    assert _rchar() - before >= log.stat().st_size
+    assert not first.resumed and first.lines_read == 200_001
+    with log.open("a") as fh:
+        fh.write(XID79 + "[ 4254.2] NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off the bus.\n")
+    size = log.stat().st_size
+    before = _rchar()
+    fold, second = read_kernel_log()
+    assert _rchar() - before < 64 * 1024 < size // 100  # the record and the new tail, not the file
+    assert second.resumed and second.lines_read == 2
+    # What the two reads folded is what one read of the whole file folds.
+    whole, last = parse_kernel_log(log.read_text())
+    assert fold.kernel_events() == whole and fold.last_init == last
+    (xid79,) = [e for e in whole if e.xid == 79]
+    assert xid79.count == 2 and xid79.first == "[ 4254.1]" and xid79.last == "[ 4254.2]"
+
+
+def test_a_rewritten_file_is_read_afresh(env, monkeypatch):
+    log = env / "kern.log"
+    log.write_text(BOOT + XID79 * 3)
+    monkeypatch.setenv("RECONCILE_KERNEL_LOG", str(log))
+    read_kernel_log()
+    log.write_text(BOOT + XID79.replace("79,", "48,") * 4)  # same inode, longer, other bytes
+    fold, again = read_kernel_log()
+    assert not again.resumed and again.lines_read == 5
+    assert [(e.xid, e.count) for e in fold.kernel_events()] == [(48, 4)]
+
+
+def _rss_of_a_read(path: Path, state: Path) -> int:
+    # VmHWM, the peak of this process's own memory (getrusage's ru_maxrss keeps the parent's across exec).
+    code = ("from reconcile_host.reconcilers.gpus.kernel_log import read_kernel_log; "
+            "f, log = read_kernel_log(); assert log.lines_read > 0; "
+            "hwm = next(x for x in open('/proc/self/status') if x.startswith('VmHWM:')).split()[1]; "
+            "print(hwm, len(f.events))")
+    env = {**os.environ, "RECONCILE_KERNEL_LOG": str(path), "RECONCILE_STATE_DIR": str(state)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    rss_kib, events = out.stdout.split()
+    return int(rss_kib) * 1024, int(events)
+
+
+def test_memory_does_not_grow_with_the_log(env):
+    small, big = env / "small.log", env / "big.log"
+    small.write_text(BOOT + storm(10_000))
+    big.write_text(BOOT + storm(200_000))
+    rss_small, ev_small = _rss_of_a_read(small, env / "s1")
+    rss_big, ev_big = _rss_of_a_read(big, env / "s2")
+    grown = big.stat().st_size - small.stat().st_size
+    assert grown > 20 * 2**20
+    assert ev_small == ev_big  # the report is bounded by distinct faults, not lines
+    assert rss_big - rss_small < 4 * 2**20, (rss_small, rss_big)  # against 20+ MiB more log
+    assert json.loads((env / "s2" / "gpus-kernel-log.json").read_text())["fold"]["lines"] == 200_001
+
+
+# --- /dev/kmsg: the format, sequence numbers, wraps ---
+
+def kmsg(records: list[tuple[int, str]]) -> str:
+    return "".join(f"6,{seq},{seq * 1000 + 5},-;{msg}\n SUBSYSTEM=pci\n" for seq, msg in records)
+
+
+def test_kmsg_from_boot_is_read_once_then_only_new_records(env, monkeypatch):
+    ring = env / "kmsg"
+    recs = [(0, "Linux version 6.1.0"), (1, "usb 1-1: new device"),
+            (2, "NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off the bus.")]
+    ring.write_text(kmsg(recs))
+    monkeypatch.setenv("RECONCILE_KMSG", str(ring))
+    fold, log = read_kernel_log()
+    assert (log.source, log.complete, log.lines_read, log.resumed) == (KMSG, True, 3, False)
+    (ev,) = fold.kernel_events()
+    assert ev.xid == 79 and ev.first == "[    0.002005]"
+    recs += [(3, "NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off the bus.")]
+    ring.write_text(kmsg(recs))
+    fold, log = read_kernel_log()
+    assert log.resumed and log.lines_read == 1 and [e.count for e in fold.kernel_events()] == [2]
+    # Another boot starts afresh.
+    (env / "boot_id").write_text("boot-2\n")
+    fold, log = read_kernel_log()
+    assert not log.resumed and log.lines_read == 4
+
+
+def test_a_wrapped_ring_buffer_goes_to_the_journal(env, monkeypatch):
+    ring = env / "kmsg"
+    ring.write_text(kmsg([(500, "usb 1-1: new device")]))
+    monkeypatch.setenv("RECONCILE_KMSG", str(ring))
+    bindir = env / "bin"
+    bindir.mkdir()
+    said = BOOT.replace("Linux", "host kernel: Linux") + XID79
+    (bindir / "journalctl").write_text(f"#!/bin/sh\nprintf '%s' '{said}'\n")
+    (bindir / "journalctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    fold, log = read_kernel_log()
+    assert log.source == JOURNAL and log.complete and [e.xid for e in fold.kernel_events()] == [79]
+    # Neither reaches back to boot: incomplete, and what the journal could not do is said.
+    (bindir / "journalctl").write_text("#!/bin/sh\necho 'No journal files were found.' >&2; exit 1\n")
+    fold, log = read_kernel_log()
+    assert log.source == KMSG and not log.complete and "rotated" in log.note and "exited 1" in log.note
+    monkeypatch.setenv("PATH", str(env / "no-bin"))
+    monkeypatch.setenv("RECONCILE_KMSG", str(env / "absent"))
+    _, log = read_kernel_log()
+    assert not log.readable and "No such file" in log.note and "journalctl is not installed" in log.note
+
+
+def test_records_lost_to_a_wrap_are_said_until_the_driver_reloads(env, monkeypatch):
+    ring = env / "kmsg"
+    monkeypatch.setenv("RECONCILE_KMSG", str(ring))
+    monkeypatch.setenv("PATH", str(env / "no-bin"))  # no journal to stand in
+    ring.write_text(kmsg([(0, "Linux version 6.1.0"), (1, "usb 1-1: new device")]))
+    read_kernel_log()
+    ring.write_text(kmsg([(9, "usb 1-1: gone"), (10, "NVRM: Xid (PCI:0000:5d:00): 13, Graphics Exception")]))
+    fold, log = read_kernel_log()
+    assert log.lost.startswith("ring-buffer records 2..8 were overwritten before they were read"), log.lost
+    gpu = Gpu(0, "H100", "GPU-0", "00000000:5D:00.0", 1, 0)
+    judged = health.judge(gpu, fold.kernel_events(), log)
+    assert judged.health == "unknown" and "lines lost before they were read" in judged.problems[0]
+    # Said again on the next read, not forgotten...
+    ring.write_text(kmsg([(10, "x"), (11, "usb 1-1: new device")]))
+    assert read_kernel_log()[1].lost
+    # ...until a driver load makes the lost lines history.
+    ring.write_text(kmsg([(11, "x"), (12, "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  570.158.01")]))
+    fold, log = read_kernel_log()
+    assert log.lost == "" and health.judge(gpu, fold.kernel_events(), log).health == "healthy"
+
+
+def _real_kmsg() -> list[tuple[int, int]]:
+    """(sequence number, lines) of each record the real /dev/kmsg holds now, read here."""
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    out = []
+    try:
+        while True:
+            try:
+                rec = os.read(fd, 65536).split(b"\n", 1)[0]
+            except BlockingIOError:
+                break
+            except BrokenPipeError:
+                continue
+            header, _, text = rec.partition(b";")
+            out.append((int(header.split(b",")[1]), 1 + text.count(b"\\x0a")))
+    finally:
+        os.close(fd)
+    return out
+
+
+def test_the_real_kmsg_second_read_parses_only_new_records(env):
+    try:
+        before = _real_kmsg()
+    except PermissionError:
+        pytest.skip("/dev/kmsg is not readable here (kernel.dmesg_restrict)")
+    if not before or before[0][0] != 0:
+        pytest.skip("this machine's ring buffer no longer starts at boot")
+    fold, first = read_kernel_log()
+    assert first.source == KMSG and first.complete
+    assert first.lines_read >= sum(n for _, n in before)
+    seq = json.loads(Path(record_path()).read_text())["position"]["seq"]
+    assert seq >= before[-1][0]
+    _, second = read_kernel_log()
+    after = _real_kmsg()
+    assert second.resumed and second.lines_read <= sum(n for s, n in after if s > seq)
+
+
+def test_the_real_journal_second_read_starts_at_the_cursor(env):
+    probe = subprocess.run(["journalctl", "-k", "-b", "0", "-n", "1", "-q", "--no-pager"], capture_output=True,
+                           text=True)
+    if probe.returncode != 0 or not probe.stdout.strip():
+        pytest.skip("no journal with this boot's kernel messages here (journald does not run)")
+    os.environ["RECONCILE_KMSG"] = "/nonexistent"  # the journal, not the ring buffer
+    try:
+        fold, first = read_kernel_log()
+        assert first.source == JOURNAL and first.lines_read > 0
+        rec = json.loads(Path(record_path()).read_text())
+        assert rec["position"]["cursor"]
+        _, second = read_kernel_log()
+        after = f"--after-cursor={rec['position']['cursor']}"
+        new = subprocess.run(["journalctl", "-k", "-b", "0", "-q", "--no-pager", after], capture_output=True,
+                             text=True).stdout.splitlines()
+        assert second.resumed and second.lines_read <= len(new) + 1 and not second.lost
+    finally:
+        del os.environ["RECONCILE_KMSG"]
