@@ -4,10 +4,10 @@
 1. A Hugging Face Trainer run of 100 checkpoints (checkpoint-N: model.safetensors of 1 MiB,
    optimizer.pt, scheduler.pt, rng_state.pth as small torch.save-layout ZIPs, trainer_state.json),
    with `verify: structure` and with the default `verify: at-risk` (every byte of the pick too).
-2. One checkpoint of a sharded model: 8 safetensors shards of 4 GiB each, sparse (the structural
-   check reads the header and the size; the content check would read 32 GiB of zeros, so
-   `verify: structure` only), with its model.safetensors.index.json.
-
+2. One checkpoint of a sharded model: 8 safetensors shards of 4 GiB each, sparse but for their last
+   64 KiB (the structural check reads the header, the size and the tail, where zeros would be a
+   crash's; the content check would read 32 GiB of zeros, so `verify: structure` only), with its
+   model.safetensors.index.json.
 3. Real size (issue 31 §1; `--real-gb N`, 0 to leave it out): a Trainer run directory of 3
    checkpoints of N GB each written by the real torch and safetensors (tests/trainer_steps.py
    under .venv-torch: the weights in 2 safetensors shards + index, an optimizer.pt of twice their
@@ -59,8 +59,10 @@ def _safetensors(path: Path, nbytes: int, sparse: bool) -> None:
     header += b" " * (-len(header) % 8)
     with open(path, "wb") as fh:
         fh.write(struct.pack("<Q", len(header)) + header)
-        if sparse:
-            fh.truncate(8 + len(header) + nbytes)
+        if sparse:  # a hole but for the last 64 KiB: the structure check judges a zeroed tail as a crash's
+            fh.truncate(8 + len(header) + nbytes - (64 << 10))
+            fh.seek(0, os.SEEK_END)
+            fh.write(os.urandom(64 << 10))
         else:
             fh.write(os.urandom(nbytes))
 

@@ -86,7 +86,7 @@ def state(tmp: Path, name: str, run: Path, **extra) -> Path:
     return path
 
 
-def _env(tmp: Path) -> dict[str, str]:
+def env(tmp: Path) -> dict[str, str]:
     """The check records (reconcilers/checkpoints/records.py) and the journal kept in the test's
     own directory: each diff and apply of a test reuses what the one before checked, as a user's."""
     return {"RECONCILE_STATE_DIR": str(tmp / "state")}
@@ -94,7 +94,7 @@ def _env(tmp: Path) -> dict[str, str]:
 
 def observed(tmp: Path, state_file: Path) -> dict:
     """`reconcile diff -v --format json`: the one resource's report entry."""
-    proc = run_cli(tmp, "diff", "-v", "--format", "json", str(state_file), timeout=300, **_env(tmp))
+    proc = run_cli(tmp, "diff", "-v", "--format", "json", str(state_file), timeout=300, **env(tmp))
     assert proc.returncode in (0, 2), proc.stderr
     (res,) = report_of(proc)["resources"]
     return res
@@ -102,7 +102,7 @@ def observed(tmp: Path, state_file: Path) -> dict:
 
 def apply(tmp: Path, state_file: Path) -> dict:
     proc = run_cli(tmp, "apply", "--format", "json", "--journal", str(tmp / "state" / "journal.jsonl"),
-                   str(state_file), timeout=300, **_env(tmp))
+                   str(state_file), timeout=300, **env(tmp))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (res,) = report_of(proc)["resources"]
     return res

@@ -85,7 +85,8 @@ def test_min_step_and_max_age():
 def test_a_directory_that_is_a_file_is_an_error(tmp_path):
     f = tmp_path / "run"
     f.write_text("not a directory")
-    proc = run_cli(tmp_path, "diff", "--format", "json", str(cs.state(tmp_path, "run", f, layout="hf-trainer")))
+    proc = run_cli(tmp_path, "diff", "--format", "json", str(cs.state(tmp_path, "run", f, layout="hf-trainer")),
+                   **cs.env(tmp_path))
     assert proc.returncode == 1
     (res,) = report_of(proc)["resources"]
     assert res["status"] == "error" and "Not a directory" in res["message"]
