@@ -145,6 +145,25 @@ def bench(label: str, root: Path, verify: str, runs: int, tmp: Path) -> str:
             f"{fl * 1000:.1f} ms |")
 
 
+def survey_in_process(root: Path, verify: str, runs: int, tmp: Path) -> str:
+    """The survey alone, in this process: without a check record, then with the one it made."""
+    from reconcile_host.reconcilers.checkpoints.survey import survey
+
+    os.environ["RECONCILE_STATE_DIR"] = str(tmp / "inproc-state")
+    spec = {"dir": str(root), "layout": "hf-trainer", "verify": verify}
+    cold, warm = [], []
+    for _ in range(runs):
+        shutil.rmtree(tmp / "inproc-state", ignore_errors=True)
+        t = time.perf_counter()
+        survey(spec)
+        cold.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        survey(spec)
+        warm.append(time.perf_counter() - t)
+    return (f"survey in-process, {verify}: {median(cold) * 1000:.1f} ms without a record, "
+            f"{median(warm) * 1000:.1f} ms with it")
+
+
 def startup(runs: int) -> float:
     ts = []
     for _ in range(runs):
@@ -340,6 +359,10 @@ def main() -> None:
         rows.append(f"| (a state declaring nothing: the fixed cost) | | | {base * 1000:.0f} ms | |")
         print("\n".join(rows))
         print(f"\nPython start-up (`{sys.executable} -c pass`): {startup(args.runs) * 1000:.0f} ms")
+        for verify in ("structure", "at-risk"):
+            print(survey_in_process(tmp / "hf100", verify, args.runs, tmp))
+        with open("/proc/loadavg") as fh:
+            print(f"load average at the end: {' '.join(fh.read().split()[:3])}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
