@@ -198,9 +198,10 @@ class Book:
         began = time.time_ns()
         fp = fingerprint(self.root, name)
         entry = self.new.get(name) or self.old.get(name)
-        if fp is not None and isinstance(entry, dict) and entry.get("key") == fp:
+        if fp is not None and isinstance(entry, dict) and entry.get("key") == fp \
+                and isinstance(entry.get("verdicts"), dict):
             kept = self.new.setdefault(name, {"key": fp, "verdicts": {}})
-            kept["verdicts"].update(entry.get("verdicts") or {})
+            kept["verdicts"].update(entry["verdicts"])
             got = kept["verdicts"].get(depth)
             if isinstance(got, list):
                 steps = [_from_json(d) for d in got]
