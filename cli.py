@@ -288,7 +288,7 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     prefetch = Prefetch(host) if dry_run else None
     state = load_state(path, prefetch, fmt, "apply", dry_run)
     if prefetch is not None:
-        engine = Engine(state, prefetch.host, prefetch=prefetch)
+        engine = Engine(state, prefetch.host, prefetch=prefetch, history_path=Journal.at(journal_path).path)
         try:
             report = engine.diff(command="apply")
         except HostMismatch as exc:
@@ -308,12 +308,24 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     engine = Engine(state, host, journal=journal)
     try:
         report = engine.apply()
+        _complete_reboots(journal, engine, report)
     except HostMismatch as exc:
         lock.release()
         refuse(str(exc), exc.reason, fmt, "apply", state.path, machine=engine.machine or host.machine())
     finally:
         lock.release()
     _finish(report, fmt, verbose)
+
+
+def _complete_reboots(journal, engine, report) -> None:
+    """The first apply of a boot completes the journal's record of a reboot reconcile requested in the
+    boot before (pipeline/recoveries.py); to move into the one run path."""
+    from .pipeline.recoveries import complete_reboots
+
+    try:
+        complete_reboots(journal, engine.machine or {}, report)
+    except OSError as exc:
+        click.echo(f"reconcile: warning: the reboot's completion cannot be journaled: {exc}", err=True)
 
 
 def _finish(report, fmt: str, verbose: bool) -> None:
@@ -365,6 +377,36 @@ def log_command(journal_path: str | None, since: str | None, until: str | None, 
     if limit:
         fail("--limit needs --inventory")
     sys.exit(run_log(journal_path, since, until, resource, run_id, fmt, verbose))
+
+
+@main.command("ack")
+@click.option("--gpu", metavar="UUID|BUS_ID", help="The GPU that was serviced (its UUID, or its PCI bus id) "
+                                                    "[default: the node].")
+@click.option("--reason", required=True, metavar="TEXT", help="What was done (reseated, RMA, firmware updated).")
+@click.option("--by", metavar="WHO", help="Who did it [default: $SUDO_USER, else $USER].")
+@click.option("--journal", "journal_path", type=click.Path(dir_okay=False), help="Journal file, as for apply.")
+def ack_command(gpu: str | None, reason: str, by: str | None, journal_path: str | None) -> None:
+    """Say that a GPU fault was serviced: journaled with who and why; the recovery caps and latched
+    faults of that GPU (or, without --gpu, of the node and every GPU, and a failed validation gate)
+    start again (docs/gpus.md#recovery)."""
+    from .local.host import LocalHost
+    from .pipeline.journal import Journal
+    from .pipeline.recoveries import GPU_ID_RE, ack, default_by
+
+    if gpu is not None and not GPU_ID_RE.match(gpu.strip()):
+        fail(f"--gpu: {gpu!r} is neither a GPU UUID (GPU-...) nor a PCI bus id (00000000:41:00.0)")
+    if not reason.strip():
+        fail("--reason: say what was done")
+    journal = Journal.at(journal_path)
+    try:
+        line = ack(journal, reason.strip(), (by or default_by()).strip(), gpu.strip() if gpu else None,
+                   LocalHost().machine())
+    except OSError as exc:
+        fail(f"cannot write the journal {journal.path}: {exc.strerror or exc}")
+        return
+    what = f"GPU {line['gpu']}" if line["gpu"] else "the node and its GPUs"
+    click.echo(f"acknowledged by {line['by']} at {line['time']}: {what}: {line['reason']} (the recovery caps "
+               "and latched faults start again)")
 
 
 @main.command("version")
