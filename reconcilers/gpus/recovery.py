@@ -241,7 +241,7 @@ def recovery_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[s
     out = RecoveryPlan()
     if not rec:
         return out
-    window = format_duration(rec["window"])
+    window = f"{int(rec['window'] // 3600)}h" if rec["window"] % 3600 == 0 else format_duration(rec["window"])
     ack = "`reconcile ack --gpu {uuid} --reason ...` once it was serviced"
     reboot_for: list[tuple[Gpu, str]] = []
     resets: list[tuple[Gpu, str]] = []
