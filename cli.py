@@ -382,7 +382,7 @@ def log_command(journal_path: str | None, since: str | None, until: str | None, 
 @main.command("ack")
 @click.option("--gpu", metavar="UUID|BUS_ID", help="The GPU that was serviced (its UUID, or its PCI bus id) "
                                                     "[default: the node].")
-@click.option("--reason", required=True, metavar="TEXT", help="What was done (reseated, RMA, firmware updated).")
+@click.option("--reason", required=True, metavar="WHY", help="What was done (reseated, RMA, firmware updated).")
 @click.option("--by", metavar="WHO", help="Who did it [default: $SUDO_USER, else $USER].")
 @click.option("--journal", "journal_path", type=click.Path(dir_okay=False), help="Journal file, as for apply.")
 def ack_command(gpu: str | None, reason: str, by: str | None, journal_path: str | None) -> None:

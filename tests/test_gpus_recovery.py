@@ -179,8 +179,6 @@ def test_persistence_mode_refuses_the_reset_with_nvidia_smis_words(tmp_path, fak
 
 def test_a_gpu_that_comes_back_just_as_broken_is_reset_once_then_needs_a_reboot(tmp_path, fake_lib):
     rig = Rig(tmp_path, fake_lib, gpus(ecc_volatile=3, broken=True))
-    gs.FakeConfig(gpus=gpus(ecc_volatile=3)).write(rig.config)
-    rig.config.write_text(rig.config.read_text().replace("ecc_volatile=3", "ecc_volatile=3 broken=1"))
     code, report = rig.run("apply", state())
     assert code == 2 and report["status"] == "blocked"
     assert rig.resets() == [(1, "ok")]
