@@ -321,7 +321,8 @@ def recovery_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[s
 
 # --- carrying it out -----------------------------------------------------------------------------
 
-RESET_HINTS = {"in use": "a process still holds it, or persistence mode does (nvidia-persistenced, DCGM, a monitoring agent?)",
+RESET_HINTS = {"in use": "a process still holds it, or persistence mode does (nvidia-persistenced, DCGM, a "
+                         "monitoring agent?)",
                "is lost": "the GPU is lost: reboot the node",
                "insufficient permissions": "resetting a GPU needs root",
                "not supported": "this GPU or platform does not support a reset on its own"}
