@@ -292,19 +292,20 @@ def write_state(tmp: Path, body: str) -> Path:
     return path
 
 
+def gpus_of(report: dict) -> dict:
+    return next(r for r in report["resources"] if r["id"] == "gpus")
+
+
 def gpus_report(proc) -> dict:
     from cli_support import report_of
 
     assert "Traceback" not in proc.stderr, proc.stderr
-    report = report_of(proc)
-    return next(r for r in report["resources"] if r["id"] == "gpus")
+    return gpus_of(report_of(proc))
 
 
-def cli(tmp: Path, lib: Path | None, config: Path | None, *args: str, **env: str):
-    """The CLI on this host with the fake NVML (or none) in its environment. The kernel log is an
-    empty file unless the test gives one: what this machine's dmesg holds is not the test's input."""
-    from cli_support import run_cli
-
+def fake_nvml_env(tmp: Path, lib: Path | None, config: Path | None, **env: str) -> dict[str, str]:
+    """What the CLI's environment adds for the fake NVML (or none). The kernel log is an empty
+    file unless the test gives one: what this machine's dmesg holds is not the test's input."""
     extra = nvml_env(lib, config)
     if lib is None:
         extra["LD_LIBRARY_PATH"] = ""
@@ -313,7 +314,22 @@ def cli(tmp: Path, lib: Path | None, config: Path | None, *args: str, **env: str
         klog.touch()
         env["RECONCILE_KERNEL_LOG"] = str(klog)
     env.setdefault("RECONCILE_STATE_DIR", str(tmp / "state"))  # the locked-clock record, never /var/lib
-    return run_cli(tmp, *args, **{**extra, **env})
+    return {**extra, **env}
+
+
+def cli(tmp: Path, lib: Path | None, config: Path | None, *args: str, **env: str):
+    """The CLI on this host with the fake NVML (or none) in its environment (fake_nvml_env)."""
+    from cli_support import run_cli
+
+    return run_cli(tmp, *args, **fake_nvml_env(tmp, lib, config, **env))
+
+
+def cli_json(tmp: Path, lib: Path | None, config: Path | None, *args: str, runner=None, **env: str):
+    """`reconcile ARGS --format json` with the fake NVML (cli_support.reconcile_json; RUNNER: a
+    namespaced systemd to run it in): code, report, stderr."""
+    from cli_support import reconcile_json
+
+    return reconcile_json(tmp, *args, runner=runner, **fake_nvml_env(tmp, lib, config, **env))
 
 
 # --- settings: what the fake driver holds, what was called, resets and reboots ----------------------

@@ -33,11 +33,10 @@ class Rig:
 
     def run(self, command: str, body: str, *extra: str) -> tuple[int, dict]:
         state = gs.write_state(self.tmp, body)
-        args = [command, str(state), "--format", "json", *extra]
-        if command == "apply":
-            args += ["--journal", str(self.tmp / "journal.jsonl")]
-        proc = gs.cli(self.tmp, self.lib, self.config, *args, RECONCILE_KERNEL_LOG=str(self.klog))
-        return proc.returncode, gs.gpus_report(proc)
+        code, doc, stderr = gs.cli_json(self.tmp, self.lib, self.config, command, str(state), *extra,
+                                        RECONCILE_KERNEL_LOG=str(self.klog))
+        assert doc is not None, stderr
+        return code, gs.gpus_of(doc)
 
     def calls(self) -> list[tuple[str, int, str, str]]:
         return gs.setter_calls(self.config)
