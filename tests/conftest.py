@@ -27,10 +27,14 @@ from nsystemd import NamespacedSystemd
 # marker itself (@pytest.mark.system). `pytest -m "not system"` is the inner loop.
 LANES = ("pure", "reference", "system")
 LANE_OF_FILE = {
+    "test_add_a_format.py": "pure",
     "test_add_a_kind.py": "pure",
+    "test_add_a_sink.py": "pure",
     "test_ansible.py": "system",
     "test_checkpoints.py": "pure",  # the Megatron tests (real torch) are marked system
+    "test_checkpoints_accelerate.py": "system",
     "test_checkpoints_frameworks.py": "system",
+    "test_cli_manners.py": "pure",
     "test_containers.py": "system",
     "test_containers_plan.py": "reference",
     "test_containers_podman.py": "system",
@@ -46,6 +50,7 @@ LANE_OF_FILE = {
     "test_extractions_quarantine.py": "system",
     "test_extractions_torch.py": "system",
     "test_extractions_zero_tail.py": "system",
+    "test_fakenvml_abi.py": "reference",
     "test_fast_diff.py": "pure",
     "test_fuzz_files.py": "pure",
     "test_fuzz_statefile.py": "pure",
@@ -54,8 +59,11 @@ LANE_OF_FILE = {
     "test_gpus_boot.py": "system",
     "test_gpus_containers.py": "system",
     "test_gpus_corpus.py": "reference",
+    "test_gpus_kernel_log.py": "system",
     "test_gpus_nvml.py": "system",
     "test_gpus_plan.py": "pure",
+    "test_gpus_recovery.py": "system",
+    "test_gpus_recovery_boot.py": "system",
     "test_gpus_settings.py": "system",
     "test_gpus_settings_plan.py": "pure",
     "test_gpus_temperature.py": "system",
@@ -66,6 +74,7 @@ LANE_OF_FILE = {
     "test_inventory.py": "system",
     "test_journal.py": "pure",
     "test_junit_report.py": "system",  # the in-memory rendering tests are marked pure
+    "test_kind_metrics.py": "system",
     "test_layers.py": "pure",
     "test_log.py": "system",
     "test_mounts.py": "system",
@@ -82,6 +91,7 @@ LANE_OF_FILE = {
     "test_refusals.py": "system",
     "test_remote.py": "system",
     "test_report_text.py": "pure",
+    "test_runs.py": "pure",
     "test_saved_plan.py": "system",
     "test_schema_edges.py": "pure",
     "test_seed_recovery.py": "system",
@@ -93,6 +103,7 @@ LANE_OF_FILE = {
     "test_units_plan.py": "pure",
     "test_units_trust.py": "system",
     "test_units_unitfiles.py": "reference",
+    "test_vocabulary.py": "pure",
     "test_watch.py": "system",
     "hardware/test_hardware.py": "system",
 }
