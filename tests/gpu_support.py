@@ -230,6 +230,8 @@ def nvml_env(libdir: Path | None, config: Path | None) -> dict[str, str]:
     if config is not None:
         env["FAKE_NVML_CONFIG"] = str(config)
         env["RECONCILE_SYSFS_PCI"] = str(pci_root(config))  # the fake's PCI bus, not this machine's
+        # Nor this machine's /proc/driver/nvidia/gpus (a lent GPU host has one): the fake has none.
+        env["RECONCILE_NVIDIA_PROC_DIR"] = f"{config}.proc-driver-nvidia-gpus"
         klog = Path(config).parent / "empty-kern.log"
         klog.touch()
         env["RECONCILE_KERNEL_LOG"] = str(klog)

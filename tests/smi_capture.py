@@ -363,8 +363,8 @@ def install(cap: Capture, where: Path, **extra) -> dict[str, str]:
     # host where tests/data/gpus/pci/ has its lspci (gpud's 8x H100), else on the default host's.
     import pci_support
 
-    slots = [bus_dir(g["pci.bus_id"]) for g in cap.gpus
-             if re.fullmatch(r"[0-9A-F]+:[0-9A-F:.]+", g["pci.bus_id"], re.I)]
+    buses = [g["pci.bus_id"] for g in cap.gpus] + [bus for bus, _ in extra.get("unreachable", ())]  # lost: on the bus
+    slots = [bus_dir(b) for b in buses if re.fullmatch(r"[0-9A-F]+:[0-9A-F:.]+", b, re.I)]
     same = pci_support.SAME_HOST.get(cap.name)
     devices = (pci_support.capture(same) if same else
                pci_support.bus_with_gpus(pci_support.DEFAULT_HOST, [(s, "nvidia") for s in slots]))

@@ -109,11 +109,12 @@ def with_visibility(bus: PciBus, proc_buses: Iterable[str]) -> PciBus:
 
 
 def not_on_bus(gpus: Sequence[Gpu], bus: PciBus) -> list[Gpu]:
-    """GPUs the driver lists that the bus does not show (empty when the bus is not readable)."""
+    """GPUs the driver lists that the bus does not show (empty when the bus is not readable). A GPU
+    whose bus id the driver could not give (lost before its PCI info was read) is not among them."""
     if not bus.readable:
         return []
     on_bus = {address_key(g.address) for g in bus.gpus} | {address_key(a) for a in bus.not_visible}
-    return [g for g in gpus if address_key(g.bus_id) not in on_bus]
+    return [g for g in gpus if address_key(g.bus_id) is not None and address_key(g.bus_id) not in on_bus]
 
 
 def disagreement(gpus: Sequence[Gpu], bus: PciBus) -> str | None:
@@ -134,9 +135,12 @@ def counted(bus: PciBus) -> list[BusGpu]:
 
 
 def unlisted(gpus: Sequence[Gpu], bus: PciBus) -> list[BusGpu]:
-    """GPUs on the bus, meant for the NVIDIA driver, that it does not list: fallen off the bus."""
+    """GPUs on the bus, meant for the NVIDIA driver, that it does not list: fallen off the bus.
+    While the driver lists as many GPUs without a bus id (lost before their PCI info was read: their
+    own verdict names them) as the bus has unlisted, those are taken to be the same GPUs."""
     listed = {address_key(g.bus_id) for g in gpus}
-    return [b for b in counted(bus) if address_key(b.address) not in listed]
+    out = [b for b in counted(bus) if address_key(b.address) not in listed]
+    return [] if len(out) <= sum(1 for g in gpus if address_key(g.bus_id) is None) else out
 
 
 def field_of(b: BusGpu) -> str:
