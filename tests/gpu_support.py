@@ -173,15 +173,31 @@ class FakeConfig:
             lines.append("holder " + " ".join(parts))
         return "\n".join(lines) + "\n"
 
-    def write(self, path: Path) -> Path:
-        path.write_text(self.text())
-        sys_root = pci_root(path).parent.parent
+    def write(self, path: Path, whole: bool = False) -> Path:
+        """The config at PATH and its PCI bus beside it (pci_root). WHOLE: the config replaced by a
+        rename, so that a reader never sees half of it (a watch or slurmd's health check running)."""
+        if whole:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(self.text())
+            os.replace(tmp, path)
+        else:
+            path.write_text(self.text())
+        # The bus: a new tree each time, swapped in by renaming a link over CONFIG.pci, so that a
+        # reconcile reading it while a test rewrites the config (a watch, slurmd's health check)
+        # sees the old tree or the new one, never a half-written one. Old trees stay (tmp_path).
+        link = Path(f"{path}.pci")
+        if link.is_dir() and not link.is_symlink():
+            shutil.rmtree(link)
         if self.pci_tree:
             import pci_support
 
-            pci_support.write_tree(sys_root, self.bus_devices())
-        elif sys_root.exists():
-            shutil.rmtree(sys_root)
+            tree = Path(f"{path}.pci-{uuid.uuid4().hex[:12]}")
+            pci_support.write_tree(tree / "sys", self.bus_devices())
+            swap = Path(f"{tree}.link")
+            swap.symlink_to(tree.name)
+            os.replace(swap, link)
+        elif link.is_symlink():
+            link.unlink()
         return path
 
     def bus_devices(self) -> list:

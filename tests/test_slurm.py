@@ -35,9 +35,7 @@ def write_gpus(path: Path, bad_gpu: int | None = None, hang_init_s: int = 0) -> 
     gpus = seed_gpus(2)
     if bad_gpu is not None:
         gpus[bad_gpu].ecc_volatile = 2
-    tmp = path.with_suffix(".tmp")
-    FakeConfig(gpus=gpus, hang_init_s=hang_init_s).write(tmp)
-    os.replace(tmp, path)
+    FakeConfig(gpus=gpus, hang_init_s=hang_init_s).write(path, whole=True)
 
 
 def bus_id(lib: Path, config: Path, index: int) -> str:
