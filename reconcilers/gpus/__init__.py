@@ -4,7 +4,8 @@ checks operators run.
 Observed through NVML (the `pynvml` module of nvidia-ml-py) in a forked child: the gpus kind
 always describes the machine reconcile runs on. Without NVML it falls back to `nvidia-smi
 --query-...` CSV; with neither, the resource is an error. The kernel log adds the driver's Xid
-messages, judged by NVIDIA's Xid catalogue (xid.py, catalogue.py, health.py).
+messages, judged by NVIDIA's Xid catalogue (xid.py, catalogue.py, health.py). The PCI bus
+(sysfs: pcibus.py) holds the driver's list and `count`: a GPU gone from the driver is still named.
 
 Memory is freed by stopping the systemd unit a holder belongs to, or by signalling a process
 whose name the state allows to be killed — never by a blind `fuser -k /dev/nvidia*`: a holder

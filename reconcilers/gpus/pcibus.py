@@ -97,7 +97,9 @@ def address_key(bus_id: str) -> tuple[int, int, int, int] | None:
 def with_visibility(bus: PciBus, proc_buses: Iterable[str]) -> PciBus:
     """BUS with the GPUs bound to nvidia that the driver's /proc/driver/nvidia/gpus does not list
     set apart, when it lists any: in a container given some of the GPUs, the NVIDIA container
-    toolkit shows only those there, while sysfs shows every GPU of the host."""
+    toolkit shows only those there (libnvidia-container src/nvc_mount.c: mount_procfs puts a tmpfs
+    over /proc/driver/nvidia, mount_procfs_gpu binds each given GPU's gpus/BUSID into it), while
+    sysfs shows every GPU of the host."""
     shown = {pci_key(b) for b in proc_buses}
     if not bus.readable or not shown:
         return bus
