@@ -22,9 +22,9 @@ from .commands import (  # noqa: F401  (EXIT_DRIFT, exit_now: the commands' name
     STATE_LABEL,
     exit_now,
     fail,
+    finish,
     internal_error,
     load_state,
-    refuse,
     resolve_state_file,
     run_diff,
 )
@@ -109,14 +109,15 @@ def validate(files: tuple[str, ...]) -> None:
     bad = 0
     for f in files:
         try:
-            if f == "-":  # as diff reads it: at most one byte past the limit
-                load("<stdin>", text=sys.stdin.buffer.read(LIMITS.max_bytes + 1))
-            else:
-                load(f)
+            # `-`: as diff reads it, at most one byte past the limit
+            state = load("<stdin>", text=sys.stdin.buffer.read(LIMITS.max_bytes + 1)) if f == "-" else load(f)
         except StateFileError as exc:
             bad += 1
-            for problem in exc.problems:
-                click.echo(problem, err=True)
+            for line in exc.lines():  # problems, and the old spellings' warnings among them
+                click.echo(line, err=True)
+            continue
+        for warning in state.warnings:  # old spellings: valid, said (exit 0)
+            click.echo(warning, err=True)
     if bad:
         sys.exit(EXIT_ERROR)
     click.echo(f"{len(files)} state file{'s' if len(files) != 1 else ''} valid")
@@ -126,31 +127,45 @@ def _output_options(fn):
     fn = click.option("--format", "fmt", type=FORMATS, default="text", show_default=True,
                       help="Output format; json follows the format_version contract.")(fn)
     fn = click.option("-v", "--verbose", is_flag=True, help="Also show what is already right.")(fn)
-    fn = click.option("--textfile", "textfile_dir", type=click.Path(file_okay=False), metavar="DIR",
-                      help="Also write DIR/reconcile.prom (atomically, whatever the outcome) for node_exporter's "
-                           "textfile collector; needs --interval.")(fn)
-    fn = click.option("--interval", "textfile_interval", metavar="DURATION",
-                      help="With --textfile: how often this command runs (cron), for the not-running alert.")(fn)
     return fn
 
 
-def _textfile(textfile_dir: str | None, interval: str | None) -> None:
-    """--textfile DIR --interval D: the cron recipe's metrics, written by reconcile itself
-    (commands.publish), so a drifted (exit 2) or refused (exit 1) run is published too."""
-    from . import commands
+def _sink_options(command: str):
+    """The options of the sinks that serve COMMAND (doors/sinks/: `--textfile DIR` ...), as each
+    sink declares them; the command gets their values as `sink_options` (sink name -> flag ->
+    value) and makes the sinks asked for with _sinks."""
+    import functools
 
-    if interval and not textfile_dir:
-        fail("--interval needs --textfile DIR")
-    if not textfile_dir:
-        return
-    if not interval:
-        fail("--textfile needs --interval (how often cron runs this; the not-running alert needs it)")
-    every = parse_duration_option(interval, "--interval")
-    if every <= 0:
-        fail("--interval must be more than 0s")
-    if not os.path.isdir(textfile_dir):
-        fail(f"--textfile {textfile_dir}: no such directory (node_exporter's --collector.textfile.directory)")
-    commands.TEXTFILE.update(dir=textfile_dir, interval=every)
+    from .doors.sinks import options_for
+
+    offered = [(name, opt, f"sink_{name}_{opt.flag.lstrip('-')}".replace("-", "_"))
+               for name, opt in options_for(command)]
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(**kw):
+            values: dict[str, dict[str, object]] = {}
+            for name, opt, param in offered:
+                values.setdefault(name, {})[opt.flag] = kw.pop(param)
+            return fn(**kw, sink_options=values)
+
+        for _name, opt, param in reversed(offered):
+            wrapper = click.option(opt.flag, param, metavar=opt.metavar, help=opt.help,
+                                   type=click.Path(file_okay=False) if opt.directory else None)(wrapper)
+        return wrapper
+
+    return decorate
+
+
+def _sinks(command: str, sink_options: dict, **context) -> list:
+    """The sinks the command line asked for; a bad combination of their options is one line, exit 1."""
+    from .doors.sinks import SinkError, build
+
+    try:
+        return build(command, sink_options, **context)
+    except SinkError as exc:
+        fail(str(exc))
+        raise AssertionError from None  # unreachable
 
 
 REMOTE_KEYS = ("host", "via", "remote_command", "ssh_options", "connect_timeout", "remote_timeout",
@@ -225,26 +240,28 @@ def _remote_options(fn):
 @click.argument("file", required=False, type=STATE_PATH)
 @_output_options
 @_remote_options
+@_sink_options("diff")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False),
               help="Also save the plan to this file; `reconcile apply PLAN` carries out exactly its actions, "
                    "and refuses when the host no longer matches it.")
 @_names_which_file
-def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, textfile_dir: str | None,
-         textfile_interval: str | None) -> None:
+def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, sink_options: dict) -> None:
     """Show drift and the planned actions; change nothing.
 
     FILE is the state file (`-`: standard input). {which}
 
     Exit 0: no drift; 2: drift; 1: error.
     """
-    _textfile(textfile_dir, textfile_interval)
-    run_diff(file, fmt, verbose, out_path)  # commands.py: the same call as __main__.py's, without click
+    sinks = _sinks("diff", sink_options)
+    # commands.py: the same call as __main__.py's, without click
+    run_diff(file, fmt, verbose, out_path, sinks=sinks)
 
 
 @main.command()
 @click.argument("file", required=False, type=STATE_PATH)
 @_output_options
 @_remote_options
+@_sink_options("apply")
 @click.option("--dry-run", is_flag=True, help="Plan only, as diff does; take no lock, change nothing.")
 @click.option("--journal", "journal_path", type=click.Path(dir_okay=False),
               help="Journal file (default /var/lib/reconcile/journal.jsonl as root, "
@@ -253,7 +270,7 @@ def diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, textfi
               help="Wait this long for another apply to finish instead of failing at once.")
 @_names_which_file
 def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path: str | None,
-          lock_timeout: str, textfile_dir: str | None, textfile_interval: str | None) -> None:
+          lock_timeout: str, sink_options: dict) -> None:
     """Act until the host matches the state file, then verify by observing again.
 
     FILE is the state file (`-`: standard input). {which} It may also be a plan saved by
@@ -263,69 +280,39 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
     Exit 0: every resource ok (or converging as intended); 2: drift remains;
     1: an error (bad input, lock held, wrong host, a resource that cannot be observed).
     """
-    from .pipeline.engine import Engine, HostMismatch, Prefetch
-    from .pipeline.journal import Journal, LockError
+    from .pipeline import runs
 
-    _textfile(textfile_dir, textfile_interval)
+    sinks = _sinks("apply", sink_options)
     wait = parse_duration_option(lock_timeout, "--lock-timeout")
     path = resolve_state_file(file)
     from .pipeline.plans import is_saved_plan
 
     if is_saved_plan(path):  # `reconcile diff --out PLAN` wrote it: its actions and nothing else
-        from .pipeline.plans import PlanError, apply_saved_plan
+        from .pipeline.plans import apply_saved_plan
 
-        try:
-            report = apply_saved_plan(path, dry_run=dry_run, journal_path=journal_path, lock_wait=wait)
-        except PlanError as exc:
-            refuse(str(exc), "plan", fmt, "apply", path, dry_run=dry_run)
-        _finish(report, fmt, verbose)
-    # Observing may start while the state is built only when nothing will be changed: apply
-    # proper observes after taking its lock, so it never acts on what another apply changed.
+        result = apply_saved_plan(path, dry_run=dry_run, journal_path=journal_path, lock_wait=wait)
+        sys.exit(finish(result, fmt, verbose, "apply", path, dry_run=dry_run, sinks=sinks))
     from .local.host import LocalHost
     from .views.progress import attach
 
     host = attach(LocalHost(), fmt)  # the progress line on a terminal (views/progress.py)
-    prefetch = Prefetch(host) if dry_run else None
-    state = load_state(path, prefetch, fmt, "apply", dry_run)
-    if prefetch is not None:
-        engine = Engine(state, prefetch.host, prefetch=prefetch)
-        try:
-            report = engine.diff(command="apply")
-        except HostMismatch as exc:
-            refuse(str(exc), exc.reason, fmt, "apply", state.path, dry_run=True, machine=engine.machine)
-        _finish(report, fmt, verbose)
+    if dry_run:
+        # Observing may start while the state is built only when nothing will be changed: apply
+        # proper observes after taking its lock, so it never acts on what another apply changed.
+        from .pipeline.engine import Prefetch
 
-    from .pipeline.journal import LockHeld
+        prefetch = Prefetch(host)
+        state = load_state(path, prefetch, fmt, "apply", dry_run, sinks=sinks)
+        from .pipeline.journal import Journal
 
-    journal = Journal.at(journal_path)
-    lock = journal.lock()
-    try:
-        lock.acquire(timeout=wait)
-    except LockError as exc:
-        # Held by another apply, or the journal's directory cannot be used (unreadable, missing).
-        refuse(str(exc), "lock-held" if isinstance(exc, LockHeld) else "journal", fmt, "apply", state.path,
-               machine=host.machine())
-    engine = Engine(state, host, journal=journal)
-    try:
-        report = engine.apply()
-    except HostMismatch as exc:
-        lock.release()
-        refuse(str(exc), exc.reason, fmt, "apply", state.path, machine=engine.machine or host.machine())
-    finally:
-        lock.release()
-    _finish(report, fmt, verbose)
+        result = runs.diff(state, prefetch.host, command="apply", prefetch=prefetch,
+                           history_path=Journal.at(journal_path).path)
+    else:
+        from .pipeline.journal import Journal
 
-
-def _finish(report, fmt: str, verbose: bool) -> None:
-    from . import commands
-    from .views import render
-
-    render(report, fmt, verbose=verbose)
-    if commands.TEXTFILE:
-        from .pipeline.report import to_json
-
-        commands.publish(to_json(report))
-    sys.exit(EXIT_ERROR if commands.TEXTFILE.get("failed") else report.exit_code)
+        state = load_state(path, None, fmt, "apply", dry_run, sinks=sinks)
+        result = runs.apply(state, host, Journal.at(journal_path), wait)  # runs.py takes the lock
+    sys.exit(finish(result, fmt, verbose, "apply", state.path, dry_run=dry_run, sinks=sinks))
 
 
 @main.command("log")
@@ -367,6 +354,36 @@ def log_command(journal_path: str | None, since: str | None, until: str | None, 
     sys.exit(run_log(journal_path, since, until, resource, run_id, fmt, verbose))
 
 
+@main.command("ack")
+@click.option("--gpu", metavar="UUID|BUS_ID", help="The GPU that was serviced (its UUID, or its PCI bus id) "
+                                                    "[default: the node].")
+@click.option("--reason", required=True, metavar="WHY", help="What was done (reseated, RMA, firmware updated).")
+@click.option("--by", metavar="WHO", help="Who did it [default: $SUDO_USER, else $USER].")
+@click.option("--journal", "journal_path", type=click.Path(dir_okay=False), help="Journal file, as for apply.")
+def ack_command(gpu: str | None, reason: str, by: str | None, journal_path: str | None) -> None:
+    """Say that a GPU fault was serviced: journaled with who and why; the recovery caps and latched
+    faults of that GPU (or, without --gpu, of the node and every GPU, and a failed validation gate)
+    start again (docs/gpus.md#recovery)."""
+    from .local.host import LocalHost
+    from .pipeline.journal import Journal
+    from .pipeline.recoveries import GPU_ID_RE, ack, default_by
+
+    if gpu is not None and not GPU_ID_RE.match(gpu.strip()):
+        fail(f"--gpu: {gpu!r} is neither a GPU UUID (GPU-...) nor a PCI bus id (00000000:41:00.0)")
+    if not reason.strip():
+        fail("--reason: say what was done")
+    journal = Journal.at(journal_path)
+    try:
+        line = ack(journal, reason.strip(), (by or default_by()).strip(), gpu.strip() if gpu else None,
+                   LocalHost().machine())
+    except OSError as exc:
+        fail(f"cannot write the journal {journal.path}: {exc.strerror or exc}")
+        return
+    what = f"GPU {line['gpu']}" if line["gpu"] else "the node and its GPUs"
+    click.echo(f"acknowledged by {line['by']} at {line['time']}: {what}: {line['reason']} (the recovery caps "
+               "and latched faults start again)")
+
+
 @main.command("version")
 @click.option("--json", "as_json", is_flag=True, help="As JSON (the handshake of --host and --via).")
 def version_command(as_json: bool) -> None:
@@ -383,12 +400,12 @@ def version_command(as_json: bool) -> None:
 
 @main.command()
 def schema() -> None:
-    """Print the JSON Schema of the state file (for editors and CI)."""
+    """Print the JSON Schema of the state file (for editors and CI); old spellings are marked deprecated."""
     import json
 
-    from .pipeline.statefile import bundled_schema
+    from .pipeline.statefile import editor_schema
 
-    click.echo(json.dumps(bundled_schema(), indent=2))
+    click.echo(json.dumps(editor_schema(), indent=2))
 
 
 @main.command()
@@ -400,16 +417,16 @@ def schema() -> None:
 @click.option("--lock-timeout", default="30s", show_default=True, metavar="DURATION",
               help="How long a pass waits for another apply to finish before skipping this pass.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every pass, not only those whose outcome changed.")
-@click.option("--textfile", "textfile_dir", type=click.Path(file_okay=False), metavar="DIR",
-              help="After each pass write DIR/reconcile.prom (atomically) for node_exporter's textfile collector.")
+@_sink_options("watch")
 @_names_which_file
 def watch(file: str | None, interval: str, journal_path: str | None, lock_timeout: str, verbose: bool,
-          textfile_dir: str | None) -> None:
+          sink_options: dict) -> None:
     """Keep the host converged: observe, apply, verify every INTERVAL.
 
     FILE is the state file. {which} Re-reads it when it changes; backs off after errors (up
     to 10 minutes); on SIGTERM or SIGINT stops after the current step and exits 0.
     """
+    from .doors.sinks import fan_out
     from .pipeline.journal import Journal
     from .pipeline.watch import Watcher
 
@@ -418,15 +435,9 @@ def watch(file: str | None, interval: str, journal_path: str | None, lock_timeou
         fail("--interval must be more than 0s")
     wait = parse_duration_option(lock_timeout, "--lock-timeout")
     journal = Journal.at(journal_path)
-    exporter = None
-    if textfile_dir:
-        from .views.prometheus import TextfileExporter
-
-        if not os.path.isdir(textfile_dir):
-            fail(f"--textfile {textfile_dir}: no such directory (node_exporter's --collector.textfile.directory)")
-        exporter = TextfileExporter(textfile_dir, every)
-    watcher = Watcher(resolve_state_file(file), every, journal, journal.lock_path, lock_wait=wait,
-                      verbose=verbose, on_pass=exporter)
+    sinks = _sinks("watch", sink_options, interval=every)
+    watcher = Watcher(resolve_state_file(file), every, journal, lock_wait=wait, verbose=verbose,
+                      on_pass=fan_out(sinks) if sinks else None)
     sys.exit(watcher.run())
 
 

@@ -26,22 +26,15 @@ STATE_LABEL = "reconcile.state_label"  # click context meta key, set by --state-
 COMPLETE_VAR = "_RECONCILE_COMPLETE"
 
 
-# `diff|apply --textfile DIR --interval D` (cli.py sets it): DIR/reconcile.prom is written
-# whatever the run's outcome, error reports included (publish()).
-TEXTFILE: dict[str, Any] = {}
+def publish(run, sinks: Sequence[Any]) -> bool:
+    """Hand a finished run (pipeline/runs.py Finished) to the sinks the command line asked for
+    (doors/sinks/: `--textfile DIR` ...), whatever its outcome. False when one could not take it;
+    it said why on stderr, and the run exits 1."""
+    if not sinks:
+        return True
+    from .doors.sinks import deliver
 
-
-def publish(doc: Mapping[str, Any]) -> None:
-    """Write the run's metrics to --textfile DIR (atomically: a temporary file, then rename(2))."""
-    if not TEXTFILE:
-        return
-    from .views.prometheus import run_metrics, write_textfile
-
-    try:
-        write_textfile(TEXTFILE["dir"], run_metrics(doc, TEXTFILE["interval"]).text())
-    except OSError as exc:
-        echo_err(f"reconcile: error: --textfile {TEXTFILE['dir']}: cannot write reconcile.prom: {exc.strerror}")
-        TEXTFILE["failed"] = True
+    return deliver(run, sinks, lambda message: echo_err(f"reconcile: error: {message}"))
 
 
 def echo_err(message: str) -> None:
@@ -55,21 +48,46 @@ def fail(message: str) -> None:
     sys.exit(EXIT_ERROR)
 
 
-def refuse(message: str, reason: str, fmt: str, command: str, state_file: str, dry_run: bool = False,
-           machine: dict[str, Any] | None = None) -> None:
-    """A run refused before it could report (lock held, another machine, journal unreadable):
-    the one line on stderr, and for --format json/junit/prometheus an error report on stdout
-    saying the same (pipeline/report.py refusal_report), so a consumer never gets nothing. Exit 1."""
-    echo_err(f"reconcile: error: {message}")
-    if fmt != "text" or TEXTFILE:
-        from .pipeline.report import refusal_report
+def refuse(refusal, fmt: str, command: str, state_file: str, dry_run: bool = False,
+           sinks: Sequence[Any] = (), said: Sequence[str] | None = None) -> None:
+    """A run refused before it could report (core/refusals.py: a bad state file, lock held,
+    another machine, journal unreadable): its line(s) on stderr, and for --format
+    json/junit/prometheus an error report on stdout saying the same (pipeline/report.py
+    refusal_doc), so a consumer never gets nothing; the sinks get it too. Exit 1. `said`: the
+    lines for stderr, when they are not the refusal's own."""
+    if said is None:
+        said = list(refusal.problems) or [f"reconcile: error: {refusal.message}"]
+    for line in said:
+        echo_err(line)
+    if fmt != "text" or sinks:
+        from .pipeline.runs import finished
         from .views import render
 
-        doc = refusal_report(command, state_file, reason, message, dry_run=dry_run, machine=machine)
-        publish(doc)
+        run = finished(refusal, command, state_file, dry_run=dry_run)
+        publish(run, sinks)
         if fmt != "text":
-            render(doc, fmt)
+            render(dict(run.doc), fmt)
     exit_now(EXIT_ERROR)
+
+
+def finish(result, fmt: str, verbose: bool, command: str, state_file: str, dry_run: bool = False,
+           sinks: Sequence[Any] = (), out_path: str | None = None) -> int:
+    """What a run (pipeline/runs.py) ended with: a refusal is refused (exit 1, here); a report is
+    rendered, handed to the sinks, saved as a plan with --out; returns the exit code."""
+    from .core.refusals import Refusal
+    from .views import render
+
+    if isinstance(result, Refusal):
+        refuse(result, fmt, command, state_file, dry_run=dry_run, sinks=sinks)
+    render(result, fmt, verbose=verbose)
+    ok = True
+    if sinks:
+        from .pipeline.runs import finished
+
+        ok = publish(finished(result, command, state_file, dry_run=dry_run), sinks)
+    if out_path:
+        save_plan(result, out_path)
+    return result.exit_code if ok else EXIT_ERROR
 
 
 def resolve_state_file(given: str | None) -> str:
@@ -91,7 +109,7 @@ def resolve_state_file(given: str | None) -> str:
 
 
 def load_state(path: str, prefetch=None, fmt: str = "text", command: str = "diff", dry_run: bool = False,
-               state_label: str | None = None):
+               state_label: str | None = None, sinks: Sequence[Any] = ()):
     """Load and validate FILE; `-` reads the state from stdin (as a remote target does), shown in
     messages as --state-label NAME (default `<stdin>`), so errors point into the user's own file.
     `prefetch` (engine.Prefetch) starts observing kinds as they are built. A bad state file is one
@@ -110,20 +128,18 @@ def load_state(path: str, prefetch=None, fmt: str = "text", command: str = "diff
                 state_label = ctx.meta.get(STATE_LABEL) if ctx else None
             label = state_label or "<stdin>"
             # One byte past the limit at most: `reconcile diff - < /dev/zero` is an error, not a MemoryError.
-            return load(label, text=sys.stdin.buffer.read(LIMITS.max_bytes + 1), on_kind=prefetch)
-        return load(path, on_kind=prefetch)
+            state = load(label, text=sys.stdin.buffer.read(LIMITS.max_bytes + 1), on_kind=prefetch)
+        else:
+            state = load(path, on_kind=prefetch)
+        for warning in state.warnings:  # old spellings: stderr only, so stdout stays the report
+            echo_err(warning)
+        return state
     except StateFileError as exc:
-        for problem in exc.problems:
-            echo_err(problem)
-        if fmt != "text" or TEXTFILE:
-            from .pipeline.report import error_report
-            from .views import render
+        from .core.refusals import Refusal
 
-            doc = error_report(command, label, exc.problems, dry_run=dry_run)
-            publish(doc)
-            if fmt != "text":
-                render(doc, fmt)
-        exit_now(EXIT_ERROR)
+        first = exc.problems[0] if exc.problems else "invalid state file"
+        refuse(Refusal("state-file", first, problems=tuple(exc.problems)), fmt, command, label, dry_run=dry_run,
+               sinks=sinks, said=exc.lines())  # the old spellings' warnings among the problems
 
 
 def exit_now(code: int) -> None:
@@ -139,34 +155,24 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def run_diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, state_label: str | None = None) -> None:
+def run_diff(file: str | None, fmt: str, verbose: bool, out_path: str | None, state_label: str | None = None,
+             sinks: Sequence[Any] = ()) -> None:
     """`reconcile diff`, once its flags are known; leaves through exit_now."""
     # One short run that leaves through os._exit: the cyclic collector would only walk every
     # module's objects again and again while they are imported (and the forked observers'
     # copies of the pages they sit on). Reference counting still frees what is dropped.
     gc.disable()
     from .local.host import LocalHost
-    from .pipeline.engine import Engine, HostMismatch, Prefetch
-    from .views import render
+    from .pipeline import runs
+    from .pipeline.engine import Prefetch
     from .views.progress import attach
 
     # Kinds observed in children start while the state is being built; the host carries the
     # progress line when stderr is a terminal (views/progress.py).
     prefetch = Prefetch(attach(LocalHost(), fmt))
-    state = load_state(resolve_state_file(file), prefetch, fmt, state_label=state_label)
-    engine = Engine(state, prefetch.host, prefetch=prefetch)
-    try:
-        report = engine.diff()
-    except HostMismatch as exc:
-        refuse(str(exc), exc.reason, fmt, "diff", state.path, machine=engine.machine)
-    render(report, fmt, verbose=verbose)
-    if TEXTFILE:
-        from .pipeline.report import to_json
-
-        publish(to_json(report))
-    if out_path:
-        save_plan(report, out_path)
-    exit_now(EXIT_ERROR if TEXTFILE.get("failed") else report.exit_code)
+    state = load_state(resolve_state_file(file), prefetch, fmt, state_label=state_label, sinks=sinks)
+    result = runs.diff(state, prefetch.host, prefetch=prefetch)
+    exit_now(finish(result, fmt, verbose, "diff", state.path, sinks=sinks, out_path=out_path))
 
 
 def save_plan(report, out_path: str) -> None:

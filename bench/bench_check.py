@@ -10,7 +10,7 @@ per MB beside the floor of the same reads, how it scales on every CPU, and a mil
 2. Content: the content check (every entry's CRC-32) in MB/s beside `cat FILES > /dev/null` of
    the same files, on one core and on every CPU (`xargs -P N cat`), with the CRC-32 of ISA-L /
    zlib-ng when installed (the `fast` extra) and with zlib's.
-3. Speedup: a cold observe (`verify: recent`, no record) of a tree of small samples with the
+3. Speedup: a cold observe (`verify: at-risk`, no record) of a tree of small samples with the
    check in the observer (RECONCILE_CHECK_WORKERS=1) and on every CPU.
 4. A million files: `reconcile diff` on a 1,000,000-file extraction, cold (no record, no
    validation cache) and warm, with its peak RSS (the largest process of the tree, from wait4)
@@ -292,7 +292,7 @@ def speedup(base: Path, n: int, runs: int) -> tuple[list[str], dict]:
     shutil.rmtree(root)
     med = {w: (statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)) for w, r in rows.items()}
     one = med[1][0]
-    lines = [f"Cold observe (`verify: recent`, no record: every structure, the last 2,000 files read whole), "
+    lines = [f"Cold observe (`verify: at-risk`, no record: every structure, the last 2,000 files read whole), "
              f"{n:,} files, medians of {runs} ({load()}). CPUs used = CPU s ÷ wall s: what the machine "
              "gave the run (on a machine shared with other work, less than the workers asked for):", "",
              "| check on | wall s | CPU s (all processes) | CPUs used | files/s | speedup |",
@@ -370,7 +370,7 @@ def million(base: Path, n: int, warm_runs: int) -> tuple[list[str], dict]:
     def fmt(v):
         return f"{v:.0f}" if v else "—"
 
-    lines = [f"`reconcile diff` on {n:,} files (`verify: recent`; the last 2,000 written a second apart), "
+    lines = [f"`reconcile diff` on {n:,} files (`verify: at-risk`; the last 2,000 written a second apart), "
              f"{load()}; peak RSS from {cold['rss_from']}, the tree's from its cgroup's memory.peak:", "",
              "| run | wall s | CPU s | checked | peak RSS of its largest process MiB | whole tree's peak MiB |",
              "|---|---:|---:|---:|---:|---:|",

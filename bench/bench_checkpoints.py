@@ -3,7 +3,7 @@
 
 1. A Hugging Face Trainer run of 100 checkpoints (checkpoint-N: model.safetensors of 1 MiB,
    optimizer.pt, scheduler.pt, rng_state.pth as small torch.save-layout ZIPs, trainer_state.json),
-   with `verify: structure` and with the default `verify: resume` (every byte of the pick too).
+   with `verify: structure` and with the default `verify: at-risk` (every byte of the pick too).
 2. One checkpoint of a sharded model: 8 safetensors shards of 4 GiB each, sparse (the structural
    check reads the header and the size; the content check would read 32 GiB of zeros, so
    `verify: structure` only), with its model.safetensors.index.json.
@@ -150,7 +150,7 @@ def main() -> None:
         rows = ["| run directory | verify | diff cold | diff warm | floor (reads in-process) |",
                 "|---|---|---|---|---|"]
         rows.append(bench("100 checkpoints (1 MiB model each)", tmp / "hf100", "structure", args.runs, tmp))
-        rows.append(bench("100 checkpoints (1 MiB model each)", tmp / "hf100", "resume", args.runs, tmp))
+        rows.append(bench("100 checkpoints (1 MiB model each)", tmp / "hf100", "at-risk", args.runs, tmp))
         rows.append(bench("8 shards x 4 GiB (sparse)", tmp / "sharded", "structure", args.runs, tmp))
         empty = tmp / "empty.yaml"
         empty.write_text("version: 1\n")

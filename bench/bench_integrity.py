@@ -111,14 +111,14 @@ def share(base: Path, n: int, rate: float, more: int) -> None:
     for d in root.iterdir():
         os.utime(d, (time.time() - 10, time.time() - 10))
     rec = ExtractionsReconciler()
-    (r,) = rec.resources({"x": {"dir": str(root), "total": n + more, "resume": {"command": ["true"]}}})
+    (r,) = rec.resources({"x": {"dir": str(root), "total": n + more, "job": {"command": ["true"]}}})
 
     def run(label: str) -> None:
         obs = rec.observe(LocalHost(), [r])[r.id]
         print(f"{label:52} {obs.files:>7,} {obs.checked:>8,} {obs.content_checked:>8,} "
               f"{100 * obs.content_checked / obs.files:6.1f}%")
 
-    print(f"\n`verify: recent` on {n:,} files written at {rate:g}/s (window: {300 * rate:,.0f} files):")
+    print(f"\n`verify: at-risk` on {n:,} files written at {rate:g}/s (window: {300 * rate:,.0f} files):")
     print(f"{'':52} {'files':>7} {'checked':>8} {'read all':>8} {'share':>7}")
     run("first check (no record)")
     run("again, same boot, nothing new")

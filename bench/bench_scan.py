@@ -59,7 +59,7 @@ def bench(n: int, runs: int, base: str | None) -> list[tuple[str, int, float]]:
         rec, host = ExtractionsReconciler(), LocalHost()
         rows.append(("scan names only (os.scandir)", n,
                      timed(lambda: scan(str(work / "hs"), "rows_{group}/data_{index}.ckpt", n), runs)))
-        for verify in ("none", "recent", "all"):
+        for verify in ("none", "at-risk", "content"):
             (r,) = rec.resources({"b": {"dir": str(work / "hs"), "total": n, "verify": verify}})
 
             def cold(r=r):

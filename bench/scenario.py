@@ -154,7 +154,7 @@ class Scenario:
         if "extractions" in kinds:
             needs = [f"mount:{self.data}"] if "mounts" in kinds and extraction_dir is None else []
             lines += ["extractions:", "  kimi-k25-eagle3:", f"    dir: {extraction_dir or self.hs}",
-                      f"    total: {total}", "    verify: recent"]
+                      f"    total: {total}", "    verify: at-risk"]
             if needs:
                 lines.append(f"    needs: [{', '.join(needs)}]")
         return "\n".join(lines) + "\n"

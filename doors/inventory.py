@@ -215,8 +215,6 @@ def same_machines(results: list[HostResult]) -> list[HostResult]:
 
 def run_inventory(command: str, opts: remote.RemoteOptions, fmt: str, verbose: bool, *, dry_run: bool = False,
                   journal: str | None = None, lock_timeout: str | None = None, run_timeout: float = 3600.0) -> int:
-    import click
-
     from ..views import inventory_refusal, render_inventory
 
     refusal = inventory_refusal(fmt)
@@ -226,7 +224,7 @@ def run_inventory(command: str, opts: remote.RemoteOptions, fmt: str, verbose: b
         inv = load_inventory(opts.inventory or "")
     except StateFileError as exc:
         for problem in exc.problems:
-            click.echo(problem, err=True)
+            remote.echo_err(problem + "\n")
         return 1
     hosts = inv.select(opts.limit)
     if journal and len(hosts) > 1 and "{host}" not in journal:

@@ -25,6 +25,7 @@ import shlex
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -61,6 +62,19 @@ def refusal_reason(message: str) -> str:
     (reconcile missing or too old there, a bad option, a deadline)."""
     unreachable = ("cannot reach ", "connection lost ", ": no answer within ")
     return "unreachable" if any(w in message for w in unreachable) else "remote-error"
+
+
+def echo_err(text: str) -> None:
+    """Text to stderr as click.echo(err=True) writes it, without click (doors/ is below the
+    command line): flushed, and what the stream cannot encode replaced rather than raised (a
+    path from the far side)."""
+    stream = sys.stderr
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        enc = stream.encoding or "utf-8"
+        stream.write(text.encode(enc, "replace").decode(enc))
+    stream.flush()
 
 
 class RemoteFailed(Exception):

@@ -1,14 +1,11 @@
 """`reconcile slurm-health`: Slurm's HealthCheckProgram. Drain a node that must not take jobs,
 resume it when it is fixed.
 
-Each run checks the node's state file (`diff`, or `apply` with `--apply`) and then:
-- a resource `blocked` or `error`, or no verdict within the deadline → `scontrol update
-  nodename=NODE state=drain reason="reconcile: <resource>: <why>"`;
-- the node converged again, and drained with a reason reconcile set → `state=resume`.
-A reason is reconcile's when it starts with `reconcile:`, the ownership prefix LBNL NHC uses as
-"NHC:" (nhc `nhc_mark_offline`/`nhc_mark_online`): a node drained by anyone else is never
-resumed, and its reason never overwritten. `converging` (a job running towards its target)
-and plain `drift` (what `apply` would fix) never drain.
+Each run checks the node's state file (`diff`, or `apply` with `--apply`, both through
+pipeline/runs.py, which takes the apply lock) and hands the finished run to the Slurm sink
+(doors/sinks/slurm_node.py), which drains the node when a resource is `blocked` or `error`, the
+run was refused, or no verdict came within the deadline, and resumes it when it converged
+again and the drain was reconcile's.
 
 What slurmd gives a health check (observed with slurmd 22.05, man slurm.conf
 HealthCheckProgram): it runs as root with only PWD and SLURMD_NODENAME in its environment (no
@@ -16,8 +13,7 @@ PATH, no SLURM_CONF: scontrol then reads /etc/slurm/slurm.conf); a non-zero exit
 logged, so the program drains the node itself; it is killed after 60 s; and runs are not
 serialised, a new one starts every HealthCheckInterval even while an old one runs. Hence a
 non-blocking lock (a run that finds another one running leaves), and a whole-run deadline
-(NHC's watchdog) that must stay below 60 s and the interval. Slurm stores a reason as given,
-newlines included, at any length: the reason is made one line and cut here.
+(NHC's watchdog) that must stay below 60 s and the interval.
 
 One line per run goes to reconcile's journal ({"event": "slurm-health", ...}) and to stdout
 (which slurmd logs when the exit status is not 0).
@@ -26,8 +22,6 @@ One line per run goes to reconcile's journal ({"event": "slurm-health", ...}) an
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 import sys
 import threading
 import time
@@ -36,150 +30,33 @@ from typing import IO, Any
 
 from ..core.contract import utc_iso
 
-OWNER = "reconcile:"
-MAX_REASON = 200  # ours: Slurm takes any length; NHC's reasons are of this order
+# The verdict, the decision and scontrol: the sink's (names kept here for the tests and docs).
+from .sinks.slurm_node import (  # noqa: F401
+    BAD_STATUSES,
+    MAX_REASON,
+    OWNER,
+    Decision,
+    NodeState,
+    Scontrol,
+    SlurmError,
+    SlurmNode,
+    Verdict,
+    decide,
+    judge,
+    one_line,
+    parse_node,
+    reason_text,
+    verdict_of,
+)
+
 DEFAULT_DEADLINE = 45.0
 SCONTROL = "/usr/bin/scontrol"
 SANE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-BAD_STATUSES = ("blocked", "error")
 
 EXIT_HEALTHY, EXIT_UNHEALTHY = 0, 1
 
 
-# --- the verdict and the decision: plain data, tested without Slurm ------------------------
-
-def one_line(text: str, limit: int = MAX_REASON) -> str:
-    """Control characters (newlines included) to spaces, runs of spaces to one, cut to `limit`."""
-    flat = re.sub(r"\s+", " ", re.sub(r"[\x00-\x1f\x7f]", " ", text)).strip()
-    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
-
-
-@dataclass(frozen=True)
-class Verdict:
-    healthy: bool
-    reason: str = ""  # the drain reason when not healthy, with the ownership prefix
-    problems: tuple[str, ...] = ()  # the resource ids (or "state file", "internal error") found bad
-    timed_out: bool = False  # no verdict within the deadline
-
-
-def verdict_of(doc: dict[str, Any]) -> Verdict:
-    """Judge a report (its JSON form): any resource blocked or error makes the node unhealthy."""
-    bad = [r for r in doc.get("resources", []) if r.get("status") in BAD_STATUSES]
-    if not bad:
-        return Verdict(True)
-    first = bad[0]
-    why = next((line for line in (first.get("message") or "").splitlines() if line.strip()), first["status"])
-    why = why.strip().rstrip(";").rstrip()  # the plan joins its parts with "; "
-    more = f" (+{len(bad) - 1} more: {', '.join(r['id'] for r in bad[1:])})" if len(bad) > 1 else ""
-    return Verdict(False, reason_text(f"{first['id']}: {why}", more), tuple(r["id"] for r in bad))
-
-
-def reason_text(what: str, tail: str = "") -> str:
-    """`reconcile: WHAT TAIL`, one line, at most MAX_REASON characters; the tail (how many more
-    resources) survives the cut."""
-    tail = one_line(tail, MAX_REASON // 2)
-    tail = f" {tail}" if tail else ""
-    return one_line(f"{OWNER} {what}", MAX_REASON - len(tail)) + tail
-
-
-@dataclass(frozen=True)
-class NodeState:
-    name: str
-    state: str  # as scontrol shows it: IDLE, IDLE+DRAIN, MIXED+DRAIN, DOWN+NOT_RESPONDING, ...
-    reason: str = ""  # without the " [user@time]" scontrol appends
-
-    @property
-    def flags(self) -> set[str]:
-        return set(self.state.upper().replace("*", "").split("+"))
-
-    @property
-    def out_of_service(self) -> bool:
-        """Drained, draining or down: takes no new jobs."""
-        return bool({"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL"} & self.flags)
-
-    @property
-    def ours(self) -> bool:
-        return self.reason.startswith(OWNER)
-
-
-@dataclass(frozen=True)
-class Decision:
-    action: str  # "drain", "resume" or "none"
-    why: str
-
-
-def decide(verdict: Verdict, node: NodeState) -> Decision:
-    if not verdict.healthy:
-        if node.out_of_service and not node.ours:
-            if node.reason:
-                return Decision("none", f"already out of service, by someone else ({node.reason}): left alone")
-            return Decision("none", f"already {node.state} without a reason: left alone")
-        if node.out_of_service and node.reason == verdict.reason:
-            return Decision("none", "already drained for this reason")
-        return Decision("drain", verdict.reason)
-    if node.out_of_service and node.ours:
-        return Decision("resume", f"converged again; the drain was reconcile's ({node.reason})")
-    if node.out_of_service:
-        return Decision("none", f"healthy, but out of service by someone else ({node.reason or node.state}): "
-                                "not resumed")
-    return Decision("none", "healthy")
-
-
-_STATE = re.compile(r"(?:^| )State=(\S+)")
-_REASON = re.compile(r" Reason=(.*?)(?: \[[^\]\s]*@[^\]\s]*\])?$")
-
-
-def parse_node(name: str, line: str) -> NodeState:
-    """One line of `scontrol show node NAME -o`; Reason is its last field, with ` [user@time]`."""
-    state = _STATE.search(line)
-    if not state:
-        raise ValueError(f"no State= in scontrol's answer: {line[:200]!r}")
-    reason = _REASON.search(line.rstrip("\n"))
-    return NodeState(name, state.group(1), reason.group(1) if reason else "")
-
-
 # --- the run ---------------------------------------------------------------------------
-
-class SlurmError(Exception):
-    pass
-
-
-class Scontrol:
-    def __init__(self, path: str, deadline: float):
-        self.path = path
-        self.deadline = deadline  # time.monotonic() by which every call must be done
-
-    def _run(self, *args: str) -> str:
-        left = self.deadline - time.monotonic()
-        if left <= 0.5:
-            raise SlurmError(f"no time left for `scontrol {' '.join(args)}`")
-        try:
-            proc = subprocess.run([self.path, *args], capture_output=True, text=True, timeout=left,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            raise SlurmError(f"`scontrol {' '.join(args[:3])}` did not answer within {left:.0f}s") from None
-        except OSError as exc:
-            raise SlurmError(f"cannot run {self.path}: {exc.strerror}") from None
-        if proc.returncode != 0:
-            raise SlurmError(f"`scontrol {' '.join(args[:3])}` failed: "
-                             f"{one_line(proc.stderr or proc.stdout or f'exit {proc.returncode}')}")
-        return proc.stdout
-
-    def node(self, name: str) -> NodeState:
-        out = self._run("show", "node", name, "-o")
-        line = next((ln for ln in out.splitlines() if ln.startswith(f"NodeName={name} ")), None)
-        if line is None:
-            raise SlurmError(f"scontrol does not know node {name!r}: {one_line(out)}")
-        try:
-            return parse_node(name, line)
-        except ValueError as exc:
-            raise SlurmError(str(exc)) from None
-
-    def update(self, name: str, state: str, reason: str | None = None) -> None:
-        args = ["update", f"nodename={name}", f"state={state}"]
-        if reason is not None:
-            args.append(f"reason={reason}")
-        self._run(*args)
 
 
 @dataclass
@@ -238,24 +115,14 @@ def health_check(s: Settings) -> int:
             line["note"] = note
         if verdict.timed_out:
             line["verdict"] = "timeout"
-        scontrol = Scontrol(s.scontrol, mono0 + s.deadline)
+        sink = SlurmNode(s.node, Scontrol(s.scontrol, mono0 + s.deadline))
         try:
-            node = scontrol.node(s.node)
-            decision = decide(verdict, node)
-            line.update(node_state=node.state, node_reason=node.reason)
-            if decision.action == "drain":
-                scontrol.update(s.node, "drain", decision.why)
-            elif decision.action == "resume":
-                scontrol.update(s.node, "resume")
+            sink.act(verdict)
         except SlurmError as exc:
+            line.update(sink.fields)
             return finish(EXIT_UNHEALTHY, action="failed", why=str(exc),
                           **({"reason": verdict.reason} if verdict.reason else {}))
-        fields: dict[str, Any] = {"action": decision.action}
-        if decision.action == "drain":
-            fields["reason"] = decision.why
-        else:
-            fields["why"] = decision.why
-        return finish(EXIT_HEALTHY if verdict.healthy else EXIT_UNHEALTHY, **fields)
+        return finish(EXIT_HEALTHY if verdict.healthy else EXIT_UNHEALTHY, **sink.fields)
     finally:
         guard.release()
         if line.get("verdict") == "timeout":
@@ -284,35 +151,28 @@ def _run_check(s: Settings, by: float, journal: Any) -> tuple[Verdict, str]:
 
 
 def _check(s: Settings, journal: Any) -> tuple[Verdict, str]:
-    from ..pipeline.engine import Engine, HostMismatch
-    from ..pipeline.journal import LockError
-    from ..pipeline.report import to_json
+    """Diff (or apply, under the apply lock) through pipeline/runs.py; the finished run judged
+    as the Slurm sink judges it. A run that finds the lock held judges what is there instead."""
+    from ..core.refusals import Refusal
+    from ..pipeline import runs
     from ..pipeline.statefile import StateFileError, load
 
+    command = "apply" if s.apply else "diff"
     try:
         state = load(s.state_file)
     except StateFileError as exc:
-        # A state file that cannot be read says nothing about the node: unknown is never ok.
-        return Verdict(False, reason_text(f"state file: {exc.problems[0] if exc.problems else 'invalid'}"),
-                       ("state file",)), ""
-    try:
-        if not s.apply:
-            return verdict_of(to_json(Engine(state).diff())), ""
-        lock = journal.lock()
-        try:
-            lock.acquire(timeout=0)
-        except LockError as exc:
+        refused = Refusal("state-file", exc.problems[0] if exc.problems else "invalid", problems=tuple(exc.problems))
+        return judge(runs.finished(refused, command, s.state_file)), ""
+    note = ""
+    if not s.apply:
+        result = runs.diff(state)
+    else:
+        result = runs.apply(state, None, journal, 0.0)
+        if isinstance(result, Refusal) and result.reason in ("lock-held", "journal"):
             # Someone is applying by hand or `reconcile watch` is: judge what is there, change nothing.
-            return verdict_of(to_json(Engine(state).diff(command="apply"))), f"not applied: {exc}"
-        try:
-            report = Engine(state, journal=journal).apply()
-        finally:
-            lock.release()
-    except HostMismatch as exc:
-        # Another machine (hostname glob, or the pinned machine-id): nothing was judged, so not
-        # healthy; the refusal's reason (host-mismatch, machine-mismatch) is what the journal records.
-        return Verdict(False, reason_text(f"state file: {exc}"), (exc.reason,)), ""
-    return verdict_of(to_json(report)), ""
+            note = f"not applied: {result.message}"
+            result = runs.diff(state, command="apply")
+    return judge(runs.finished(result, command, s.state_file)), note
 
 
 def _end_stuck_run(out: IO[str]) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..core.refusals import Refusal
     from .report import RunReport
 
 from .. import FORMAT_VERSION, __version__
@@ -49,7 +50,12 @@ _STATUSES = ("ok", "drift", "converging", "blocked", "error")
 
 
 class PlanError(Exception):
-    """A saved plan that cannot be applied; the message says why (first line) and what changed."""
+    """A saved plan that cannot be read or does not match itself; the message says why (first
+    line) and what is wrong. `reason`: its refusal's (core/refusals.py)."""
+
+    def __init__(self, message: str, reason: str = "plan-invalid"):
+        super().__init__(message)
+        self.reason = reason
 
 
 # --- fingerprints ----------------------------------------------------------------------
@@ -306,67 +312,60 @@ def allowed_actions(plan: Mapping[str, Any]) -> dict[str, set[tuple[str, str]]]:
 # --- applying ----------------------------------------------------------------------------
 
 def apply_saved_plan(path: str, *, dry_run: bool = False, journal_path: str | None = None,
-                     lock_wait: float = 0.0) -> RunReport:
-    """Check the plan still holds, then carry out its actions and nothing else. Returns the run's
-    report; raises PlanError (exit 1) when the plan is refused."""
+                     lock_wait: float = 0.0) -> RunReport | Refusal:
+    """Check the plan still holds, then carry out its actions and nothing else, through
+    pipeline/runs.py (which takes the lock, and looks at the host under it before acting).
+    Returns the run's report, or the Refusal (exit 1) when the plan is refused: plan-invalid (it
+    cannot be read, or does not match itself), plan-stale (the state file or the host changed
+    since), host-mismatch / machine-mismatch (made on another machine), state-file, lock-held,
+    journal."""
+    from ..core.refusals import Refusal
     from ..local.host import LocalHost
-    from .engine import Engine, HostMismatch
-    from .journal import Journal, LockError
+    from . import runs
+    from .journal import Journal
     from .report import to_json
     from .statefile import StateFileError, load
 
-    plan = load_plan(path)  # checked whole, against itself, before anything is done
+    try:
+        plan = load_plan(path)  # checked whole, against itself, before anything is done
+    except PlanError as exc:
+        return Refusal(exc.reason, str(exc))
     state_path = plan["state_file"]["path"]
     made = f"made {plan.get('created', '?')}"
     try:
         sha = file_sha256(state_path)
     except OSError as exc:
-        raise PlanError(f"refusing the saved plan {path}: its state file {state_path} cannot be read "
-                        f"({exc.strerror})") from None
+        return Refusal("plan-stale", f"refusing the saved plan {path}: its state file {state_path} cannot be read "
+                                     f"({exc.strerror})")
     if sha != plan["state_file"]["sha256"]:
-        raise PlanError(f"refusing the saved plan {path} ({made}): the state file {state_path} changed since; "
-                        f"run `reconcile diff --out {path}` again")
+        return Refusal("plan-stale", f"refusing the saved plan {path} ({made}): the state file {state_path} "
+                                     f"changed since; run `reconcile diff --out {path}` again")
     try:
         state = load(state_path)
     except StateFileError as exc:
-        raise PlanError("\n".join(exc.problems)) from None
+        return Refusal("state-file", "\n".join(exc.problems), problems=tuple(exc.problems))
     host = LocalHost()
     hostname = host.hostname()
     if hostname != plan["host"]:
-        raise PlanError(f"refusing the saved plan {path}: it was made on {plan['host']!r}, this host is {hostname!r}")
+        return Refusal("host-mismatch", f"refusing the saved plan {path}: it was made on {plan['host']!r}, "
+                                        f"this host is {hostname!r}")
 
-    lock = None
-    if not dry_run:
-        journal = Journal.at(journal_path)
-        lock = journal.lock()
-        try:
-            lock.acquire(timeout=lock_wait)
-        except LockError as exc:
-            raise PlanError(str(exc)) from None
-    try:
-        # Observed under the lock: no other apply can change the host between this check and acting.
-        engine = Engine(state, host=host, journal=None if dry_run else journal)
-        try:
-            now = engine.diff(command="apply")
-        except HostMismatch as exc:  # the state file pins another machine-id
-            raise PlanError(str(exc)) from None
+    def holds(now: RunReport) -> Refusal | None:
+        """None when the host, as observed now, is still the one the plan was made on and for."""
         made_on = ((plan.get("report") or {}).get("machine") or {}).get("machine_id")
         here = (now.machine or {}).get("machine_id")
         if made_on and here != made_on:  # same hostname, another machine (a recreated VM)
-            raise PlanError(f"refusing the saved plan {path}: it was made on machine-id {made_on}, "
-                            f"this machine has {here or 'no readable /etc/machine-id'}")
+            return Refusal("machine-mismatch", f"refusing the saved plan {path}: it was made on machine-id "
+                                               f"{made_on}, this machine has {here or 'no readable /etc/machine-id'}",
+                           now.machine)
         changed = changes(plan, to_json(now))
         if changed:
-            raise PlanError(f"refusing the saved plan {path} ({made}): the host no longer matches it; "
-                            f"run `reconcile diff --out {path}` again\n" + "\n".join(f"  {c}" for c in changed))
-        if dry_run:
-            report = now
-        else:
-            try:
-                report = engine.apply(only=allowed_actions(plan))
-            except HostMismatch as exc:
-                raise PlanError(str(exc)) from None
-    finally:
-        if lock is not None:
-            lock.release()
-    return report
+            return Refusal("plan-stale", f"refusing the saved plan {path} ({made}): the host no longer matches "
+                                         f"it; run `reconcile diff --out {path}` again\n"
+                                         + "\n".join(f"  {c}" for c in changed), now.machine)
+        return None
+
+    if dry_run:
+        now = runs.diff(state, host, command="apply")
+        return now if isinstance(now, Refusal) else holds(now) or now
+    return runs.apply(state, host, Journal.at(journal_path), lock_wait, only=allowed_actions(plan), before=holds)

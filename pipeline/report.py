@@ -4,10 +4,13 @@ JSON form, the `format_version` contract every view, saved plan and remote run i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import FORMAT_VERSION, __version__
 from ..core.contract import ActionResult, Drift, Resource, Result, Status, to_plain
+
+if TYPE_CHECKING:
+    from ..core.refusals import Refusal
 
 
 @dataclass(frozen=True)
@@ -125,9 +128,16 @@ def action_count(doc: dict[str, Any]) -> int:
     return s.get("actions_done", 0) + s.get("actions_failed", 0) if applied else s.get("actions_planned", 0)
 
 
-# Why a run produced no report (the `error.reason` of an error report, report.schema.json).
-REFUSALS = ("state-file", "lock-held", "journal", "host-mismatch", "machine-mismatch", "plan", "unreachable",
-            "remote-error", "internal-error")
+def refusal_doc(refusal: Refusal, command: str, state_file: str, dry_run: bool = False,
+                host: str | None = None) -> dict[str, Any]:
+    """A Refusal (pipeline/runs.py) as the error report every format renders: with `problems`
+    for a state file that does not validate, else `error` {reason, message}."""
+    if refusal.problems:
+        doc = error_report(command, state_file, list(refusal.problems), dry_run=dry_run, host=host)
+    else:
+        doc = refusal_report(command, state_file, refusal.reason, refusal.message, dry_run=dry_run, host=host,
+                             machine=refusal.machine)
+    return doc
 
 
 def parse_problem(problem: str, label: str) -> dict[str, Any]:

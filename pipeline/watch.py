@@ -1,8 +1,9 @@
 """`reconcile watch`: keep a host converged, level-triggered.
 
 Each pass does what `reconcile apply` does (observe everything, act, verify by observing
-again) under the apply lock, whatever did or did not happen since the last pass: no event
-is needed to notice drift, and a missed event cannot leave drift behind.
+again) under the apply lock, through the one run path (runs.py, which takes the lock),
+whatever did or did not happen since the last pass: no event is needed to notice drift, and a
+missed event cannot leave drift behind.
 
 - The state file is read each pass and reloaded when its bytes change (a `git pull`
   deployment). A state file that does not validate is not applied, not even its last good
@@ -15,9 +16,10 @@ is needed to notice drift, and a missed event cannot leave drift behind.
 - One journal line ({"event": "watch-pass", ...}) per pass that changed something, after the
   engine's line per action; one log line (stdout, i.e. the systemd journal) per pass whose
   outcome differs from the previous one, every pass with --verbose.
-- After each pass that ran to its end, `on_pass(doc, outcome)` gets the pass's report in its
-  JSON form (None when the pass produced none) and `ok`, `failed` or `skipped`: the CLI hands
-  in views/prometheus.py's TextfileExporter for `--textfile DIR`.
+- After each pass that ran to its end, `on_pass(run)` gets it as a runs.Finished: its report's
+  JSON form, or the refusal that stopped it (as its error report), its outcome (`ok`, `failed`
+  or `skipped`) and the wait before the next pass. The CLI hands in the sinks asked for
+  (doors/sinks/, e.g. the textfile of `--textfile DIR`); what a sink cannot do is logged.
 """
 
 from __future__ import annotations
@@ -31,9 +33,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..core.contract import utc_iso
+from ..core.refusals import Refusal
+
+if TYPE_CHECKING:
+    from .runs import Finished
 
 MAX_BACKOFF = 600.0
 
@@ -43,7 +49,9 @@ class _StopRequested(Exception):
 
 
 class _PassFailed(Exception):
-    pass
+    def __init__(self, message: str, problems: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.problems = problems or (message,)
 
 
 def backoff(interval: float, failures: int, cap: float = MAX_BACKOFF) -> float:
@@ -56,14 +64,16 @@ def backoff(interval: float, failures: int, cap: float = MAX_BACKOFF) -> float:
 
 class Watcher:
     def __init__(self, state_path: str, interval: float, journal: Callable[[dict[str, Any]], None] | None,
-                 lock_path: Path | None, lock_wait: float = 30.0, verbose: bool = False,
+                 lock_file: Path | None = None, lock_wait: float = 30.0, verbose: bool = False,
                  log: IO[str] | None = None, max_backoff: float = MAX_BACKOFF, max_passes: int | None = None,
                  wait: Callable[[float], None] | None = None,
-                 on_pass: Callable[[dict[str, Any] | None, str], Any] | None = None):
+                 on_pass: Callable[[Finished], Any] | None = None):
+        """`journal`: where the engine's lines go (a Journal: its apply lock is taken for each
+        pass); `lock_file`: another apply lock (tests), none when there is neither."""
         self.state_path = state_path
         self.interval = interval
         self.journal = journal
-        self.lock_path = lock_path
+        self.lock_file = lock_file
         self.lock_wait = lock_wait
         self.verbose = verbose
         self.out = log or sys.stdout
@@ -73,7 +83,7 @@ class Watcher:
         self.on_pass = on_pass
         self.pass_report: Any = None
         self.pass_outcome = "failed"
-        self.pass_error: tuple[str, str, float] | None = None  # (reason, message, started) of a pass without a report
+        self.pass_error: tuple[Refusal, float] | None = None  # (refusal, started) of a pass without a report
         self.passes = 0
         self.failures = 0
         self.delays: list[float] = []
@@ -105,8 +115,7 @@ class Watcher:
     def one_pass(self) -> float:
         """One observe-apply-verify pass; returns how long to wait before the next."""
         from ..core.contract import Result, Status
-        from .engine import Engine, HostMismatch
-        from .journal import Lock, LockError, LockHeld
+        from . import runs
 
         self.passes += 1
         self.pass_report, self.pass_outcome, self.pass_error = None, "failed", None
@@ -114,21 +123,8 @@ class Watcher:
         try:
             state = self._current_state()
         except _PassFailed as exc:
-            self.pass_error = ("state-file", str(exc), started)
+            self.pass_error = (Refusal("state-file", str(exc), problems=exc.problems), started)
             return self._failed(str(exc))
-        lock = Lock(self.lock_path) if self.lock_path else None
-        if lock:
-            try:
-                lock.acquire(timeout=self.lock_wait)
-            except LockHeld as exc:
-                # Someone is applying by hand: not a failure, the next pass looks again.
-                self.log(f"pass {self.passes}: skipped: {exc}")
-                self.pass_outcome = "skipped"
-                self.pass_error = ("lock-held", str(exc), started)
-                return self.interval
-            except LockError as exc:
-                self.pass_error = ("journal", str(exc), started)
-                return self._failed(str(exc))
         done: list[Any] = []
 
         def after_resource(report: Any) -> None:
@@ -137,24 +133,27 @@ class Watcher:
                 raise _StopRequested
 
         try:
-            report = Engine(state, journal=self.journal).apply(on_result=after_resource)
+            report = runs.apply(state, None, self.journal, self.lock_wait, on_result=after_resource,
+                                lock_file=self.lock_file)
         except _StopRequested:
             self.pass_outcome = "interrupted"
             self._record(done, started, interrupted=True)
             self.log(f"pass {self.passes}: {self.stop_signal} received: stopped after "
                      f"{len(done)} of {len(state.resources)} resources")
             return 0.0
-        except HostMismatch as exc:
-            self.pass_error = (exc.reason, str(exc), started)
-            return self._failed(str(exc))
         except Exception as exc:
             if os.environ.get("RECONCILE_DEBUG"):
                 raise
-            self.pass_error = ("internal-error", f"{type(exc).__name__}: {exc}", started)
-            return self._failed(f"internal error: {type(exc).__name__}: {exc}")
-        finally:
-            if lock:
-                lock.release()
+            report = Refusal("internal-error", f"{type(exc).__name__}: {exc}")
+        if isinstance(report, Refusal):
+            self.pass_error = (report, started)
+            if report.reason == "lock-held":
+                # Someone is applying by hand: not a failure, the next pass looks again.
+                self.log(f"pass {self.passes}: skipped: {report.message}")
+                self.pass_outcome = "skipped"
+                return self.interval
+            internal = "internal error: " if report.reason == "internal-error" else ""
+            return self._failed(internal + report.message)
 
         self.pass_report = report
         self._record(report.resources, started)
@@ -181,21 +180,23 @@ class Watcher:
     def _after_pass(self, delay: float | None = None) -> None:
         if self.on_pass is None or self.pass_outcome == "interrupted":
             return
-        from .report import refusal_report, to_json
+        from .runs import finished
 
-        error = None
-        if self.pass_report is None and self.pass_error is not None:
+        if self.pass_report is not None:
+            run = finished(self.pass_report, "apply", self.state_path, outcome=self.pass_outcome, next_in=delay)
+        elif self.pass_error is not None:
             # No report: the refusal, as `diff --format json` would print it, so the metrics say why.
-            reason, message, started = self.pass_error
-            error = refusal_report("apply", self.state_path, reason, message)
-            error["started"] = started
-            if reason == "state-file":
-                error["problems"] = [{"text": message}]
+            refusal, started = self.pass_error
+            run = finished(refusal, "apply", self.state_path, outcome=self.pass_outcome, next_in=delay)
+            run.doc["started"] = started  # type: ignore[index]  (a fresh dict: the pass's start)
+        else:
+            return
         try:
-            self.on_pass(to_json(self.pass_report) if self.pass_report is not None else None, self.pass_outcome,
-                         next_in=delay, error=error)
-        except OSError as exc:  # e.g. the textfile directory is gone: say so, keep converging
-            self.log(f"pass {self.passes}: cannot write the metrics: {exc}")
+            self.on_pass(run)
+        except Exception as exc:  # e.g. the textfile directory is gone: say so, keep converging
+            if os.environ.get("RECONCILE_DEBUG"):
+                raise
+            self.log(f"pass {self.passes}: {exc}")
 
     def _failed(self, message: str) -> float:
         self.failures += 1
@@ -250,7 +251,8 @@ class Watcher:
                 text = None  # let load() say where, as `reconcile validate` does
             state = load(self.state_path, text=text)
         except StateFileError as exc:
-            raise _PassFailed("state file does not validate, not applying it: " + "; ".join(exc.problems)) from None
+            raise _PassFailed("state file does not validate, not applying it: " + "; ".join(exc.problems),
+                              tuple(exc.problems)) from None
         verb = "loaded" if self._state_sha is None else "changed, reloaded"
         self._state, self._state_sha = state, sha
         self.log(f"state file {self.state_path} {verb} (sha256 {sha[:12]}, {len(state.resources)} resources)")

@@ -4,8 +4,10 @@ reconcile on their run directories, for tests/test_checkpoints_*.py."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -17,7 +19,7 @@ from torch_support import torch_python
 
 SCRIPT = str(Path(__file__).with_name("ckpt_frameworks.py"))
 MODULES = {"hf-trainer": "transformers", "lightning": "lightning", "deepspeed": "deepspeed",
-           "dcp": "torch.distributed.checkpoint"}
+           "dcp": "torch.distributed.checkpoint", "accelerate": "accelerate"}
 QUARANTINE = ".reconcile-quarantine"
 
 
@@ -41,16 +43,34 @@ def _port() -> str:
 
 
 def train(python: str, layout: str, out: Path, steps: int, every: int, result: Path, resume: bool = False,
-          zero_stage: int = 0):
+          zero_stage: int = 0, total_limit: int | None = None):
     """One run of the framework; (returncode, result dict or None, stderr tail). `zero_stage`:
-    DeepSpeed's ZeRO stage (1: the optimizer state in zero_pp_rank_*_optim_states.pt)."""
+    DeepSpeed's ZeRO stage (1: the optimizer state in zero_pp_rank_*_optim_states.pt);
+    `total_limit`: Accelerate's ProjectConfiguration.total_limit."""
     env = {**os.environ, "MASTER_PORT": _port(), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONHASHSEED": "0", "TMPDIR": str(result.parent), "CKPT_ZERO_STAGE": str(zero_stage)}
+           "PYTHONHASHSEED": "0", "TMPDIR": str(result.parent), "CKPT_ZERO_STAGE": str(zero_stage),
+           "CKPT_TOTAL_LIMIT": str(total_limit or "")}
+    # DeepSpeed JIT-builds its shm op (torch.utils.cpp_extension) into one folder per Python version;
+    # two checkouts' interpreters (other include paths) would rebuild it in turn, each holding its
+    # lock file meanwhile: one folder per interpreter path instead.
+    env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(
+        os.path.expanduser("~/.cache/torch_extensions"), "by-python-" + hashlib.sha1(python.encode()).hexdigest()[:12]))
     argv = [python, SCRIPT, layout, str(out), str(steps), str(every), str(result)] + (["resume"] if resume else [])
     result.unlink(missing_ok=True)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env)
     got = json.loads(result.read_text()) if proc.returncode == 0 and result.exists() else None
     return proc.returncode, got, proc.stderr[-3000:]
+
+
+def raised(err: str) -> tuple[str, str]:
+    """The exception a framework's run ended with, from its traceback: (type, message)."""
+    for line in reversed(err.strip().splitlines()):
+        line = re.sub(r"^\[rank\d+\]:\s*", "", line)  # torch.distributed's prefix of a rank's stderr
+        head, sep, text = line.partition(": ")
+        name = head.rsplit(".", 1)[-1]
+        if name.isidentifier() and name.endswith(("Error", "Exception")):
+            return name, text if sep else ""
+    return "", ""
 
 
 def copy_run(src: Path, dst: Path) -> Path:

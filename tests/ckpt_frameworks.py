@@ -8,9 +8,11 @@ made from the step number (so a resumed run sees what an uninterrupted one saw),
 checkpoint every SAVE_EVERY steps with the framework's own save, and writes to RESULT.json
 {"start_step": the step the framework resumed at (0: from scratch), "losses": {step: loss}}.
 With `resume`, it resumes by the framework's own rule: Trainer(resume_from_checkpoint=True),
-Trainer.fit(ckpt_path="last"), DeepSpeedEngine.load_checkpoint(dir) (tag from `latest`).
+Trainer.fit(ckpt_path="last"), DeepSpeedEngine.load_checkpoint(dir) (tag from `latest`),
+Accelerator.load_state() (automatic checkpoint naming: the highest checkpoints/checkpoint_N).
 CPU runs are deterministic: the losses of a resumed run equal an uninterrupted run's.
-$CKPT_ZERO_STAGE sets DeepSpeed's ZeRO stage (default 0; 1 saves zero_pp_rank_*_optim_states.pt).
+$CKPT_ZERO_STAGE sets DeepSpeed's ZeRO stage (default 0; 1 saves zero_pp_rank_*_optim_states.pt);
+$CKPT_TOTAL_LIMIT Accelerate's total_limit.
 """
 
 from __future__ import annotations
@@ -174,7 +176,75 @@ def dcp_run(out: str, steps: int, every: int, resume: bool) -> dict:
     return got
 
 
-RUNS = {"dcp": dcp_run, "hf-trainer": hf, "lightning": lightning, "deepspeed": deepspeed_run}
+def accelerate_run(out: str, steps: int, every: int, resume: bool) -> dict:
+    """Accelerate's automatic checkpoint naming: `out` is the project_dir, each save_state() makes
+    checkpoints/checkpoint_<save count>/; on resume, load_state() without input_dir (Accelerate's
+    own pick). The step and the next save count ride in a registered custom object, as a script
+    must keep them (load_state restores neither); the input noise comes from torch's global RNG, so
+    the random states saved (random_states_0.pkl) matter to the losses. $CKPT_TOTAL_LIMIT sets
+    ProjectConfiguration.total_limit (save_state's cleanup of the oldest)."""
+    import logging
+
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    limit = os.environ.get("CKPT_TOTAL_LIMIT")
+    config = ProjectConfiguration(project_dir=out, automatic_checkpoint_naming=True,
+                                  total_limit=int(limit) if limit else None)
+    accelerator = Accelerator(cpu=True, project_config=config)
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    model, opt, sched = accelerator.prepare(model, opt, sched)
+
+    class Progress:
+        def __init__(self):
+            self.step, self.saves = 0, 0
+
+        def state_dict(self):
+            return {"step": self.step, "saves": self.saves}
+
+        def load_state_dict(self, sd):
+            self.step, self.saves = sd["step"], sd["saves"]
+
+    progress = Progress()
+    accelerator.register_for_checkpointing(progress)
+    got: dict = {"losses": {}, "start_step": 0, "loaded_from": None}
+    if resume:
+        picked: list[str] = []
+
+        class Picked(logging.Handler):  # load_state logs "[RANK 0] Loading states from <its pick>"
+            def emit(self, record):
+                said = record.getMessage()
+                if "Loading states from " in said:
+                    picked.append(said.split("Loading states from ", 1)[1])
+
+        log = logging.getLogger("accelerate.accelerator")
+        log.setLevel(logging.INFO)
+        log.addHandler(Picked())
+        accelerator.load_state()
+        got["loaded_from"] = os.path.relpath(picked[-1], out)
+        got["start_step"] = progress.step
+        accelerator.project_configuration.iteration = progress.saves
+    if not resume:
+        torch.manual_seed(1)  # the global RNG from here on (a resumed run's comes from random_states_0.pkl)
+    for step in range(progress.step, steps):
+        x, y = batch(step)
+        x = x + 0.1 * torch.randn(x.shape)  # from the global RNG: restored from random_states_0.pkl
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        accelerator.backward(loss)
+        opt.step()
+        sched.step()
+        got["losses"][str(step + 1)] = float(loss)
+        if (step + 1) % every == 0:
+            progress.step, progress.saves = step + 1, accelerator.save_iteration + 1
+            accelerator.save_state()
+    return got
+
+
+RUNS = {"dcp": dcp_run, "hf-trainer": hf, "lightning": lightning, "deepspeed": deepspeed_run,
+        "accelerate": accelerate_run}
 
 if __name__ == "__main__":
     layout, out, n, every, result = sys.argv[1:6]

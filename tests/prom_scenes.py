@@ -83,12 +83,12 @@ def selector(name: str, labels: dict[str, str]) -> str:
 
 def watch_runs(state: Path, passes: int, interval: float, between=None) -> list[tuple[float, str]]:
     """A real Watcher (what `reconcile watch --textfile` runs) for `passes` passes, with the
-    TextfileExporter the CLI hands it: each pass's file, at the model time the watch's own
+    textfile sink the CLI hands it: each pass's file, at the model time the watch's own
     delays (its back-off included) put it. `between(i)` runs after pass i (change the state)."""
     import tempfile
 
+    from reconcile_host.doors.sinks.textfile import Textfile
     from reconcile_host.pipeline.watch import Watcher
-    from reconcile_host.views.prometheus import TextfileExporter
 
     textdir = Path(tempfile.mkdtemp(prefix="promscene", dir=state.parent))
     texts: list[str] = []
@@ -99,7 +99,7 @@ def watch_runs(state: Path, passes: int, interval: float, between=None) -> list[
             between(len(texts))
 
     watcher = Watcher(str(state), interval, None, None, log=io.StringIO(), max_passes=passes, wait=wait,
-                      on_pass=TextfileExporter(textdir, interval))
+                      on_pass=Textfile(textdir, interval, watch=True).take)
     assert watcher.run() == 0
     texts.append((textdir / "reconcile.prom").read_text())
     times = [0.0]

@@ -50,7 +50,7 @@ def test_torn_pick_moves_the_newer_torn_ones_only():
     steps = [_step(2, False, "old damage"), _step(4), _step(6, False, "cut"), _step(8, False, "cut")]
     o = _obs(steps, "checkpoint-8")
     drift = R.diff(_res(), o)
-    assert [d.field for d in drift] == ["resume"]
+    assert [d.field for d in drift] == ["resume_from"]
     plan = R.plan(_res(), o, drift, Context())
     (q,) = plan.actions
     assert q.action == "quarantine" and [s["path"] for s in q.params["steps"]] == ["checkpoint-6", "checkpoint-8"]
@@ -70,7 +70,7 @@ def test_no_whole_step_is_blocked_and_start_from_scratch_is_drift():
     assert plan.blocked and "no whole checkpoint" in plan.blocked and not plan.actions
     o = _obs([_step(2, layout="ds")], None, layout="deepspeed")
     (d,) = R.diff(_res(), o)
-    assert d.field == "resume" and "start from scratch" in d.have
+    assert d.field == "resume_from" and "start from scratch" in d.have
 
 
 def test_min_step_and_max_age():
@@ -135,3 +135,21 @@ def test_an_unreadable_pick_is_blocked_never_moved():
     o = _obs(steps, "checkpoint-4")
     plan = R.plan(_res(), o, R.diff(_res(), o), Context())
     assert not plan.actions and plan.blocked and "cannot be read" in plan.blocked
+
+
+def test_a_blocker_is_blocked_and_nothing_moves():
+    """Something apply will not move stops the framework's resume (Accelerate: an entry of
+    checkpoints/ without a number): blocked with its words, no action, even beside a torn step."""
+    steps = [_step(2), _step(4, False, "cut")]
+    o = _obs(steps, "", blocker="checkpoints/notes has no number in its name: ... raise IndexError; move it",
+             resume_problem="checkpoints/notes has no number in its name")
+    plan = R.plan(_res(), o, R.diff(_res(), o), Context())
+    assert not plan.actions and plan.blocked and plan.blocked.startswith("checkpoints/notes has no number")
+
+
+def test_start_from_scratch_is_said_in_the_frameworks_words():
+    words = "load_checkpoint() would warn \"Unable to find latest file\""
+    o = _obs([_step(2, layout="ds")], None, layout="deepspeed", empty_pick=words)
+    (d,) = R.diff(_res(), o)
+    assert d.field == "resume_from" and words in d.have
+    assert words in R.plan(_res(), o, [d], Context()).message

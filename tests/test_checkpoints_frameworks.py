@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
+import time
 from pathlib import Path
 
 import checkpoints_support as cs
@@ -78,6 +80,10 @@ def _damage(layout: str, run: Path, how: str) -> None:
         (run / "latest").unlink()
     elif how == "zero1-optim-deleted":  # ZeRO-1: DeepSpeed then silently rebuilds the optimizer from the weights
         (run / newest / "zero_pp_rank_0_mp_rank_00_optim_states.pt").unlink()
+    elif how == "tag-folder-deleted":  # a clean-up script removed the tag `latest` still names
+        shutil.rmtree(run / newest)
+    elif how == "model-states-deleted":  # the tag folder left without its model states file
+        (run / newest / "mp_rank_00_model_states.pt").unlink()
     elif how == "zeroed-model-states-page":
         _zero_page(run / newest / "mp_rank_00_model_states.pt", 0.3)
     elif how == "torn-last":  # last.ckpt and the newest step file both cut off mid-write
@@ -124,12 +130,18 @@ CASES = [
     ("deepspeed", "latest-deleted"),  # silently starts from scratch (and would overwrite the steps)
     ("deepspeed", "zero1-optim-deleted"),  # silently goes on with a fresh optimizer state
     ("deepspeed", "zeroed-model-states-page"),  # silently loads damage (torch.load checks no CRC)
+    ("deepspeed", "tag-folder-deleted"),  # AssertionError (no model states file to load)
+    ("deepspeed", "model-states-deleted"),  # AssertionError, likewise
     ("lightning", "torn-last"),  # crashes
     ("lightning", "renamed-torn-last"),  # still Lightning's pick (a prefix match): crashes
     ("lightning", "zeroed-last-page"),  # silently loads damage
     ("dcp", "truncated-distcp"),  # dcp.load raises CheckpointException
     ("dcp", "flipped-tensor-bit"),  # dcp.load loads it silently (no CRC checked)
 ]
+
+
+# Where the report must say the framework raises (and the exception is then checked to be its own).
+RAISES = {"tag-folder-deleted", "model-states-deleted", "torn-latest"}
 
 
 @pytest.mark.parametrize("layout,how", CASES, ids=[f"{a}-{b}" for a, b in CASES])
@@ -146,13 +158,20 @@ def test_resume_from_the_newest_whole_checkpoint(reference, tmp_path, layout, ho
                              zero_stage=zero)
     if rc == 0:  # no crash: it started over (the saved work lost) or went on from damage
         assert got["start_step"] == 0 or any(v != ref["losses"][k] for k, v in got["losses"].items()), got
+    else:
+        assert cs.raised(err)[0], err
 
     state = cs.state(tmp_path, "run", run, layout=layout)
     res = cs.observed(tmp_path, state)
     o = res["observed"]
     assert res["status"] == "drift", res
     assert o["layout"] == layout and not o["detected"]
-    assert {d["field"] for d in res["drift"]} == {"resume"}
+    assert {d["field"] for d in res["drift"]} == {"resume_from"}
+    have = res["drift"][0]["have"]
+    if "raises" in have:  # the words name what the framework's own resume raised
+        assert rc != 0 and cs.raised(err)[0] in have, (have, err)
+    if how in RAISES:
+        assert "raises" in have, have
     newest_whole = o["newest_whole_step"]
     # the damage was to step STEPS's files (a lost pointer leaves every step whole)
     assert newest_whole == (STEPS if how == "latest-deleted" else STEPS - EVERY), o
@@ -190,3 +209,52 @@ def test_detected_layout_and_whole_run(reference, tmp_path):
     assert o["resume_step"] == o["newest_whole_step"] == STEPS
     bad = cs.observed(tmp_path, cs.state(tmp_path, "high", run, min_step=STEPS + 1))
     assert bad["status"] == "blocked" and [d["field"] for d in bad["drift"]] == ["min_step"]
+
+
+def test_lightning_symlinked_last_by_its_targets_time(reference, tmp_path):
+    """Lightning picks among last*.ckpt by fs.modified, which fsspec's LocalFileSystem.info reads
+    through a symbolic link (the target's mtime). A case where the link's own time and its
+    target's disagree: `last.ckpt` -> step 8's file (old), its own mtime the newest; `last-v1.ckpt`
+    a copy of step 6 in between. Reconcile's pick must be the one Lightning resumes from."""
+    python = cs.framework_python("lightning")
+    ref_run, ref = reference("lightning")
+    run = cs.copy_run(ref_run, tmp_path / "run")
+    (run / "last.ckpt").unlink()
+    target = run / f"epoch=0-step={STEPS}.ckpt"
+    os.symlink(target.name, run / "last.ckpt")
+    shutil.copy2(run / f"epoch=0-step={STEPS - EVERY}.ckpt", run / "last-v1.ckpt")
+    now = time.time()
+    os.utime(target, (now - 300, now - 300))
+    os.utime(run / "last-v1.ckpt", (now - 200, now - 200))
+    os.utime(run / "last.ckpt", (now - 100, now - 100), follow_symlinks=False)
+    link_own, link_target = os.lstat(run / "last.ckpt").st_mtime, os.stat(run / "last.ckpt").st_mtime
+    assert link_target < os.stat(run / "last-v1.ckpt").st_mtime < link_own  # the two rules disagree
+
+    o = cs.observed(tmp_path, cs.state(tmp_path, "run", run, layout="lightning"))["observed"]
+    rc, got, err = cs.train(python, "lightning", cs.copy_run(run, tmp_path / "resumed"), TOTAL, EVERY,
+                             tmp_path / "resumed.json", resume=True)
+    assert rc == 0, err
+    assert o["resume_step"] == got["start_step"], (o["resume_path"], got["start_step"])
+    assert got["losses"] == {k: v for k, v in ref["losses"].items() if int(k) > got["start_step"]}
+
+
+EMPTY = ["hf-trainer", "lightning", "deepspeed", "accelerate"]
+
+
+@pytest.mark.parametrize("layout", EMPTY)
+def test_an_empty_pick_in_the_frameworks_words(tmp_path, layout):
+    """Nothing saved yet (an empty run directory): ok, and the words say what the framework's
+    own resume does then, asked of the framework: it raises (the exception named), or it
+    trains from scratch."""
+    python = cs.framework_python(layout)
+    run = tmp_path / "run"
+    run.mkdir()
+    res = cs.observed(tmp_path, cs.state(tmp_path, "run", run, layout=layout))
+    assert res["status"] == "ok", res
+    rc, got, err = cs.train(python, layout, cs.copy_run(run, tmp_path / "bare"), TOTAL, EVERY, tmp_path / "r.json",
+                             resume=True)
+    if rc == 0:
+        assert got["start_step"] == 0 and "from scratch" in res["message"] and "raise" not in res["message"], res
+    else:
+        kind, _ = cs.raised(err)
+        assert kind and kind in res["message"] and "raise" in res["message"], (res["message"], err)

@@ -150,6 +150,7 @@ def test_yaml_block_is_a_valid_state_file_or_inventory(block: Block, tmp_path):
     proc = subprocess.run([str(ROOT / ".venv" / "bin" / "reconcile"), "validate", str(path)], capture_output=True,
                           text=True, env=user_env(tmp_path, ROOT), cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, f"{block.where}: reconcile validate says\n{proc.stderr}\n---\n{path.read_text()}"
+    assert "warning:" not in proc.stderr, f"{block.where}: write the current spellings\n{proc.stderr}"
 
 
 def test_readme_journal_jq_prints_one_line_per_action(nsystemd, tmp_path):

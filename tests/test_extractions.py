@@ -50,7 +50,7 @@ def test_allow_missing_and_done_is_ok(tmp_path):
     spec = {"dir": str(out), "total": 30, "allow_missing": [17]}
     rc, rep, _ = cli(tmp_path, "diff", str(state_yaml(tmp_path / "s.yaml", spec)))
     r = resource(rep)
-    assert rc == 2 and r["status"] == "blocked"  # no resume declared
+    assert rc == 2 and r["status"] == "blocked"  # no job declared
     assert r["drift"] == [{"field": "done", "want": ">= 30", "have": 29}]
     assert r["observed"]["missing_ranges"] == [[23, 23]]
     write_sample(out, 23)
@@ -68,14 +68,14 @@ def test_zero_byte_gz_and_safetensors_quarantined(tmp_path):
     gz = write_sample(out, 4, fmt="ckpt.gz", cut=len(gz_full) // 2)
     for p in (zero, gz):
         _old(p)
-    spec = {"dir": str(out), "total": 10, "min_done": 8, "verify": "recent"}
+    spec = {"dir": str(out), "total": 10, "min_done": 8, "verify": "at-risk"}
     state = state_yaml(tmp_path / "s.yaml", spec)
     rc, rep, _ = cli(tmp_path, "diff", str(state))
     r = resource(rep)
     # Under `recent` a .gz is not decompressed: only the zero-byte file is damaged.
     assert [d["path"] for d in r["observed"]["damaged"]] == ["rows_0-10/data_3.ckpt"]
     assert r["observed"]["unverified_gz"] == 1
-    state_yaml(state, {**spec, "verify": "all"})
+    state_yaml(state, {**spec, "verify": "content"})
     rc, rep, _ = cli(tmp_path, "apply", str(state))
     r = resource(rep)
     assert rc == 0 and r["status"] == "ok", rep
@@ -121,7 +121,7 @@ def test_resume_command_detached_and_logged(tmp_path):
     argv = [sys.executable, FAKE_EXTRACT, "--out", str(out), "--total", "30", "--rate", "20",
             "--group-size", "10", "--nan", "17"]
     state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 30, "allow_missing": [17],
-                                              "resume": {"command": argv, "cwd": str(tmp_path)}})
+                                              "job": {"command": argv, "cwd": str(tmp_path)}})
     try:
         rc, rep, err = cli(tmp_path, "apply", str(state))
         r = resource(rep)
@@ -161,7 +161,7 @@ def test_needs_not_ok_holds_start_back(tmp_path):
     argv = [sys.executable, FAKE_EXTRACT, "--out", str(out), "--total", "10", "--group-size", "10"]
     # The need: another extraction that is short and cannot be resumed (blocked).
     state = state_yaml(tmp_path / "s.yaml",
-                       {"dir": str(out), "total": 10, "resume": {"command": argv}, "needs": ["extraction:base"]},
+                       {"dir": str(out), "total": 10, "job": {"command": argv}, "needs": ["extraction:base"]},
                        extra={"base": {"dir": str(tmp_path / "base"), "total": 5}})
     try:
         rc, rep, _ = cli(tmp_path, "diff", str(state))
@@ -207,7 +207,7 @@ def _interrupted_job(nsystemd, tmp_path: Path) -> tuple[Path, Path]:
 def test_needs_unit_not_ok_holds_start_back(nsystemd, tmp_path):
     out, half = _interrupted_job(nsystemd, tmp_path)
     state = state_yaml(tmp_path / "s.yaml",
-                       {"dir": str(out), "total": 60, "resume": {"unit": UNIT},
+                       {"dir": str(out), "total": 60, "job": {"unit": UNIT},
                         "needs": ["unit:gpu-free.service"]},
                        units={"gpu-free.service": {"active": True}})  # declared, cannot be started
     rc, rep, _ = cli(tmp_path, "apply", str(state), runner=nsystemd)
@@ -221,8 +221,8 @@ def test_needs_unit_not_ok_holds_start_back(nsystemd, tmp_path):
 def test_killed_job_quarantined_resumed_and_finished(nsystemd, tmp_path):
     out, half = _interrupted_job(nsystemd, tmp_path)
     half_bytes = half.read_bytes()
-    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 60, "verify": "recent",
-                                              "resume": {"unit": UNIT}})
+    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 60, "verify": "at-risk",
+                                              "job": {"unit": UNIT}})
     rc, rep, _ = cli(tmp_path, "diff", str(state), runner=nsystemd)
     r = resource(rep)
     assert rc == 2 and r["status"] == "drift"
@@ -278,7 +278,7 @@ def state(tmp_path, monkeypatch):
 
 def _no_resume_running(out: Path, total: int, **spec) -> dict:
     # A resume command that is not running: an incomplete file is damaged whatever its age.
-    return {"dir": str(out), "total": total, "resume": {"command": ["true"]}, **spec}
+    return {"dir": str(out), "total": total, "job": {"command": ["true"]}, **spec}
 
 
 def test_cached_listing_is_used_until_the_directory_changes(tmp_path, state):
@@ -545,7 +545,7 @@ def test_long_first_check_making_progress_is_not_cut_short(tmp_path):
     for _ in range(6):  # up to 960,000 files: far more than any machine checks in 3 s
         write_samples(out, range(written, n), group=1000)
         written = n
-        state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": n, "verify": "all",
+        state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": n, "verify": "content",
                                                  "observe_timeout": timeout})
         t0 = time.monotonic()
         rc, report, err = cli(tmp_path, "diff", str(state), timeout=600)

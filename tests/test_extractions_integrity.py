@@ -52,7 +52,7 @@ def test_recent_rule_reads_whole_the_files_a_crash_can_have_damaged(tmp_path, st
         st = p.stat()
         _zero_a_page(p)
         os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-    spec = {"dir": str(out), "total": 30, "resume": {"command": ["true"]}}
+    spec = {"dir": str(out), "total": 30, "job": {"command": ["true"]}}
 
     # First check: every file's structure, and the recent ones read whole (CRC-32s).
     obs = observe(spec)
@@ -70,7 +70,7 @@ def test_recent_rule_reads_whole_the_files_a_crash_can_have_damaged(tmp_path, st
     assert (obs.checked, obs.content_checked) == (10, 10) and obs.damaged == ()
     # A file written long before the crash had its pages on disk: `recent` trusts its last
     # check; `all` reads every file whole every time.
-    obs = observe({**spec, "verify": "all"})
+    obs = observe({**spec, "verify": "content"})
     assert (obs.checked, obs.content_checked) == (30, 30)
     assert [d.path for d in obs.damaged] == ["rows_0-10/data_5.ckpt"]
 
@@ -86,11 +86,11 @@ def test_a_file_that_breaks_a_zip_reader_is_one_damaged_file(tmp_path):
     _age(bad, 3600)
     with pytest.raises(NotImplementedError):
         zipfile.ZipFile(bad).read("data_12/data.pkl")
-    for verify in ("recent", "all"):
+    for verify in ("at-risk", "content"):
         rc, rep, err = cli(tmp_path, "diff", str(state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 20,
                                                                                      "verify": verify})))
         r = resource(rep)
-        assert rc == 2 and r["status"] == "blocked", (rep, err)  # no resume declared
+        assert rc == 2 and r["status"] == "blocked", (rep, err)  # no job declared
         assert r["observed"]["done"] == 19
         assert [(d["path"], "method 99" in d["reason"]) for d in r["observed"]["damaged"]] == [
             ("rows_10-20/data_12.ckpt", True)]
@@ -114,7 +114,7 @@ def test_unreadable_file_is_reported_neither_done_nor_moved(tmp_path):
         locked.chmod(0)
         for p in [out, *out.rglob("*")]:
             os.chown(p, 65534, 65534)
-        state = state_yaml(base / "s.yaml", {"dir": str(out), "total": 10, "verify": "all"})
+        state = state_yaml(base / "s.yaml", {"dir": str(out), "total": 10, "verify": "content"})
         os.chmod(state, 0o644)
         env = {**os.environ, "RECONCILE_STATE_DIR": str(out / ".state"), "RECONCILE_CACHE_DIR": str(out / ".cache")}
         argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m", "reconcile_host"]
@@ -156,7 +156,7 @@ def test_gz_not_decompressed_is_said_in_the_text_report(tmp_path):
         assert "note: 11 .gz samples not decompressed" in report, report
     rc, rep, _ = cli(tmp_path, "diff", str(state))
     assert resource(rep)["caveats"] and resource(rep)["observed"]["unverified_gz"] == 11
-    state_yaml(state, {**spec, "verify": "all"})
+    state_yaml(state, {**spec, "verify": "content"})
     assert "not decompressed" not in text()
 
 
@@ -175,7 +175,7 @@ def test_eio_while_reading_is_unreadable_not_damaged(tmp_path):
     out = tmp_path / "hs"
     (out / "rows_0-10").mkdir(parents=True)
     pairs = " ".join(f"data_{i}.ckpt={src / 'rows_0-10' / f'data_{i}.ckpt'}" for i in range(10))
-    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 10, "verify": "all"})
+    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 10, "verify": "content"})
     env = {**os.environ, "RECONCILE_STATE_DIR": str(tmp_path / "state"), "RECONCILE_CACHE_DIR": str(tmp_path / "c")}
     py, fuse = sys.executable, Path(__file__).with_name("fuse_eio.py")
     proc = ms.in_namespace(f"""

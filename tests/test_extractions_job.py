@@ -60,7 +60,7 @@ def test_a_job_that_exits_at_once_is_started_once_and_its_end_reported(tmp_path,
     assert want_rc != 0 and want_line
     out = tmp_path / "hs"
     out.mkdir()
-    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 4, "resume": {"command": argv}})
+    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 4, "job": {"command": argv}})
     monkeypatch.setenv("RECONCILE_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("RECONCILE_CACHE_DIR", str(tmp_path / "cache"))
     journal = tmp_path / "journal.jsonl"
@@ -79,7 +79,7 @@ def test_cli_apply_starts_once_diff_says_how_it_ended_next_apply_starts_again(tm
     argv, counter, want_rc, want_line = _job(tmp_path)
     out = tmp_path / "hs"
     out.mkdir()
-    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 4, "resume": {"command": argv}})
+    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 4, "job": {"command": argv}})
     journal = tmp_path / "journal.jsonl"
     status = tmp_path / "state" / "extractions" / "eagle3.exit.json"
     rc, rep, err = cli(tmp_path, "apply", str(state))

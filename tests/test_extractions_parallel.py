@@ -85,7 +85,7 @@ def _observe(tmp, root, workers: int, verify: str, boot: str) -> tuple[dict, dic
     (tmp / "boot_id").write_text(boot)
     rec = ExtractionsReconciler()
     (r,) = rec.resources({"x": {"dir": str(root), "pattern": "rows_{group}/data_{index}.ckpt", "total": N + 5,
-                                "verify": verify, "resume": {"command": ["true"]}}})
+                                "verify": verify, "job": {"command": ["true"]}}})
     obs = rec.observe(LocalHost(), [r])[r.id]
     record = json.loads((state / "extractions" / "x.check.json").read_text())
     record.pop("checked_at")
@@ -102,7 +102,7 @@ def tree(tmp_path, monkeypatch):
     return root, _damage_tree(root)
 
 
-@pytest.mark.parametrize("verify", ["recent", "all", "none"])
+@pytest.mark.parametrize("verify", ["at-risk", "content", "none"])
 def test_every_cpu_finds_what_one_finds(tmp_path, tree, verify, monkeypatch):
     root, what = tree
     monkeypatch.setattr(tally, "POOL_MIN_BYTES", 0)  # the recent files read whole on the pool too
@@ -126,7 +126,7 @@ def test_every_cpu_finds_what_one_finds(tmp_path, tree, verify, monkeypatch):
         assert results[workers] == results[1], workers
     if verify != "none":  # (none stats at most 256 new files and the recent ones: never a pool)
         assert ("indices", 7) in used and ("indices", 1) in used
-    if verify == "recent":
+    if verify == "at-risk":
         assert ("content", 7) in used  # the first check's recent files, and those after the reboot
     first, _ = results[1][0]
     if verify == "none":
@@ -135,7 +135,7 @@ def test_every_cpu_finds_what_one_finds(tmp_path, tree, verify, monkeypatch):
     # The serial answer is the one the damage calls for (so equality is not two empty answers).
     damaged = {d.path.rsplit("_", 1)[1].split(".")[0] for d in first["damaged"]}
     want = {str(i) for i, w in what.items() if w not in ("directory", "fifo")}
-    if verify == "recent":  # a flip or a .gz cut off far from the newest files shows to the content check only
+    if verify == "at-risk":  # a flip or a .gz cut off far from the newest files shows to the content check only
         want -= {str(i) for i, w in what.items() if w in ("flip", "gz cut") and i not in (1500, N - 7)}
     assert damaged == want
     assert {u.path.rsplit("_", 1)[1].split(".")[0] for u in first["unreadable"]} == {"60", "61"}
@@ -328,7 +328,7 @@ def test_a_worker_stuck_on_a_read_ends_the_observation_at_its_deadline(tmp_path)
     (out / "rows_0-2000").mkdir(parents=True)
     pairs = " ".join(f"data_{i}.ckpt={src / 'rows_0-2000' / f'data_{i}.ckpt'}" for i in range(n))
     (tmp_path / "pairs").write_text(pairs)
-    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": n, "verify": "all", "observe_timeout": "2s"})
+    state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": n, "verify": "content", "observe_timeout": "2s"})
     env = {**os.environ, "RECONCILE_STATE_DIR": str(tmp_path / "state"), "RECONCILE_CACHE_DIR": str(tmp_path / "c"),
            "RECONCILE_CHECK_WORKERS": "2"}
     py, fuse = sys.executable, Path(__file__).with_name("fuse_eio.py")

@@ -340,20 +340,20 @@ def observed(counted=50, damaged=(), running=False, how="unit", exists=True, rat
     return ExtractionObserved(
         dir="/data/hs", exists=True, total=100, done=counted, counted=counted, files=counted,
         missing=100 - counted, missing_ranges=((counted, 99),) if counted < 100 else (), missing_ranges_more=0,
-        damaged=tuple(damaged), writing=0, verify="recent", checked=0, unverified_gz=0, out_of_range=0,
+        damaged=tuple(damaged), writing=0, verify="at-risk", checked=0, unverified_gz=0, out_of_range=0,
         rate=rate, newest=None, eta_s=eta,
         job=JobObserved(how, "eagle3-extract.service" if how == "unit" else "", running, "x", 0, exists))
 
 
 def test_done_is_ok():
-    r = resource(min_done=90, resume={"unit": "eagle3-extract.service"})
+    r = resource(min_done=90, job={"unit": "eagle3-extract.service"})
     obs = observed(counted=95)
     assert REC.diff(r, obs) == []
     assert REC.plan(r, obs, [], Context()).actions == ()
 
 
 def test_short_and_stopped_plans_start():
-    r = resource(resume={"unit": "eagle3-extract.service"})
+    r = resource(job={"unit": "eagle3-extract.service"})
     obs = observed(counted=40)
     drift = REC.diff(r, obs)
     assert [(d.field, d.want, d.have) for d in drift] == [("done", ">= 100", 40)]
@@ -364,14 +364,14 @@ def test_short_and_stopped_plans_start():
 
 
 def test_running_is_converging_with_eta():
-    r = resource(resume={"unit": "eagle3-extract.service"})
+    r = resource(job={"unit": "eagle3-extract.service"})
     obs = observed(counted=40, running=True, rate=1.09, eta=55.0)
     plan = REC.plan(r, obs, REC.diff(r, obs), Context())
     assert plan.actions == () and "1.09 samples/s" in plan.converging and "ETA 55s" in plan.converging
 
 
 def test_damaged_quarantined_before_start():
-    r = resource(resume={"command": ["python", "x.py"]})
+    r = resource(job={"command": ["python", "x.py"]})
     obs = observed(counted=40, damaged=[Damaged("rows_0-10/data_7.ckpt", "truncated", 10, 0.0)], how="command")
     drift = REC.diff(r, obs)
     assert ("damaged", 0, 1) in [(d.field, d.want, d.have) for d in drift]
@@ -383,8 +383,8 @@ def test_damaged_quarantined_before_start():
 def test_no_resume_or_missing_unit_is_blocked():
     r = resource()
     obs = observed(counted=40, how="none")
-    assert "no resume" in REC.plan(r, obs, REC.diff(r, obs), Context()).blocked
-    r = resource(resume={"unit": "eagle3-extract.service"})
+    assert "no job declared" in REC.plan(r, obs, REC.diff(r, obs), Context()).blocked
+    r = resource(job={"unit": "eagle3-extract.service"})
     obs = observed(counted=40, exists=False)
     assert "not found" in REC.plan(r, obs, REC.diff(r, obs), Context()).blocked
 

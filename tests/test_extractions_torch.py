@@ -2,7 +2,7 @@
 Debian's 1.13) and safetensors, damaged the ways a crash and a disk damage them, each copy
 judged by the real loaders (torch.load in SpecForge's way and with weights_only=True and False,
 safetensors.torch.load_file) against the original tensors, at test time. reconcile's verdict
-must agree: the content check (verify: all, and the files the recent rule re-reads) never calls
+must agree: the content check (verify: content, and the files the recent rule re-reads) never calls
 a damaged file whole where a checksum exists, no check calls a file damaged that every loader
 loads whole except for a CRC mismatch (the bytes are not what was written), and no file makes
 the checker raise. The table of counts is printed (pytest -s) and written to

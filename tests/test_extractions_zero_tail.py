@@ -147,7 +147,7 @@ def test_unproven_file_counts_done_is_never_moved_and_is_said_every_time(tmp_pat
     spec = [{"path": str(out / f"data_{i}.safetensors"), "fmt": "safetensors", "t": 255, "h": 64, "dtype": "bf16",
              "seed": 90 + i, "layout": "padded-bool" if i == 2 else "specforge"} for i in range(3)]
     ts.write(python, spec, tmp_path)
-    st = state_yaml(tmp_path / "s.yaml", {"dir": str(tmp_path / "hs"), "total": 3, "verify": "recent",
+    st = state_yaml(tmp_path / "s.yaml", {"dir": str(tmp_path / "hs"), "total": 3, "verify": "at-risk",
                                           "pattern": "rows_{group}/data_{index}.safetensors"})
     v = check_path(spec[2]["path"], CONTENT)
     assert v.state == "unproven" and "'attention_mask' (BOOL" in v.reason, v

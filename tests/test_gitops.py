@@ -170,6 +170,16 @@ def test_pre_commit_hook_blocks_a_bad_state_file(tmp_path):
     assert good.returncode == 0, good.stdout + good.stderr
     assert "reconcile validate" in good.stdout + good.stderr and "Passed" in good.stdout + good.stderr
 
+    # An old spelling (docs/state-file.md#old-spellings) passes, and the hook shows its warning.
+    (project / "states" / "kpro6.yaml").write_text(
+        "version: 1\nextractions:\n  hs:\n    dir: /data/hs\n    total: 10\n    verify: all\n")
+    _git("add", "-A", cwd=project, env=env)
+    old = _git("commit", "-m", "check every byte", cwd=project, env=env, check=False)
+    out = old.stdout + old.stderr
+    assert old.returncode == 0 and "Passed" in out, out
+    assert "states/kpro6.yaml:6:13: warning: extractions.hs.verify: 'all' is a deprecated spelling: write 'content'" \
+        in out
+
 
 # --- the post-merge hook example ---------------------------------------------------------------
 

@@ -100,7 +100,7 @@ def observed_docs(tmp_path_factory, fake_lib) -> dict[str, Any]:
     write_sample(out, 4, cut=100)
     state = tmp / "state.yaml"
     state.write_text(f"version: 1\ngpus:\n  count: 2\nextractions:\n  eagle3:\n    dir: {out}\n    total: 10\n"
-                     f"    verify: all\n    resume:\n      command: [sleep, '600']\n      cwd: {tmp}\n")
+                     f"    verify: content\n    job:\n      command: [sleep, '600']\n      cwd: {tmp}\n")
     proc = run_cli(tmp, "diff", str(state), "--format", "json",
                    **{**nvml_env(fake_lib, config), "RECONCILE_STATE_DIR": str(tmp / "rstate")})
     return json.loads(proc.stdout)

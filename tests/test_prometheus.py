@@ -92,7 +92,7 @@ def host(tmp_path, fake_lib):
     state = tmp_path / "state.yaml"
     state.write_text(f"version: 1\ngpus:\n  count: 2\n  healthy: true\nmounts:\n  /:\n    mounted: true\n"
                      f"extractions:\n  eagle3:\n    dir: {out}\n    pattern: 'rows_{{group}}/data_{{index}}.ckpt'\n"
-                     f"    total: 10\n    verify: all\n")
+                     f"    total: 10\n    verify: content\n")
     env = {**nvml_env(fake_lib, config), "RECONCILE_STATE_DIR": str(tmp_path / "rstate")}
     return state, config, out, env
 
@@ -181,9 +181,9 @@ def test_inventory_refuses_prometheus_before_touching_a_host(tmp_path):
 # --- watch --textfile ------------------------------------------------------------------
 
 def test_watch_textfile_counts_passes_and_says_when_it_could_not_run(tmp_path, monkeypatch):
-    """The Watcher with the exporter the CLI hands it, three passes: ok, bad state file, ok."""
+    """The Watcher with the textfile sink the CLI hands it, three passes: ok, bad state file, ok."""
+    from reconcile_host.doors.sinks.textfile import Textfile
     from reconcile_host.pipeline.watch import Watcher
-    from reconcile_host.views.prometheus import TextfileExporter
 
     monkeypatch.setenv("RECONCILE_CACHE_DIR", str(tmp_path / "cache"))
     state = tmp_path / "state.yaml"
@@ -198,7 +198,7 @@ def test_watch_textfile_counts_passes_and_says_when_it_could_not_run(tmp_path, m
         state.write_text("version: 1\nmounts: [\n" if len(seen) == 1 else good)
 
     watcher = Watcher(str(state), 30.0, None, None, log=io.StringIO(), max_passes=3, wait=between,
-                      on_pass=TextfileExporter(textdir, 30.0))
+                      on_pass=Textfile(textdir, 30.0, watch=True).take)
     assert watcher.run() == 0
     seen.append(samples((textdir / "reconcile.prom").read_text()))
     first, failed, last = seen
@@ -213,7 +213,7 @@ def test_watch_textfile_counts_passes_and_says_when_it_could_not_run(tmp_path, m
 
 
 def test_textfile_is_replaced_whole_never_rewritten_in_place(tmp_path):
-    from reconcile_host.views.prometheus import write_textfile
+    from reconcile_host.doors.sinks.textfile import write_textfile
 
     path = Path(write_textfile(tmp_path, "a 1\n"))
     with open(path) as reader:  # a scrape in progress
@@ -340,11 +340,13 @@ def test_rules_use_only_series_reconcile_writes(tmp_path, host):
     a renamed metric cannot leave the alerts silently watching nothing."""
     state, _, _, env = host
     written = samples(run_cli(tmp_path, "diff", str(state), "--format", "prometheus", **env).stdout)
-    from reconcile_host.views.prometheus import TextfileExporter
+    from reconcile_host.core.refusals import Refusal
+    from reconcile_host.doors.sinks.textfile import Textfile
+    from reconcile_host.pipeline.runs import finished
 
     textdir = tmp_path / "t"
     textdir.mkdir()
-    TextfileExporter(textdir, 60.0)(None, "failed")
+    Textfile(textdir, 60.0, watch=True).take(finished(Refusal("journal", "x"), "apply", "s.yaml", outcome="failed"))
     written.update(samples((textdir / "reconcile.prom").read_text()))
     labels_of: dict[str, set[str]] = {}
     for name, ls in written:

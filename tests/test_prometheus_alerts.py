@@ -112,7 +112,7 @@ def scenes(tmp_path, fake_lib, monkeypatch):
     fstate = tmp_path / "failing.yaml"
     fstate.write_text(f"version: 1\nextractions:\n  eagle3:\n    dir: {out}\n"
                       "    pattern: 'rows_{group}/data_{index}.ckpt'\n"
-                      f"    total: 10\n    resume:\n      command: [\"true\"]\n      cwd: {tmp_path / 'gone'}\n")
+                      f"    total: 10\n    job:\n      command: [\"true\"]\n      cwd: {tmp_path / 'gone'}\n")
     failing = watch_runs(fstate, 8, 60.0)
     assert failing[-1][0] > STEPS * 60  # the real back-off spread 8 passes over the whole timeline
     found["failing"] = parse(failing[-1][1])

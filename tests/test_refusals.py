@@ -283,7 +283,7 @@ def test_a_saved_plan_made_on_another_machine_is_refused(tmp_path):
     assert made.returncode == 0, made.stderr
     proc = run_cli(tmp_path, "apply", str(plan), "--journal", str(tmp_path / "journal.jsonl"), "--format", "json",
                    RECONCILE_MACHINE_ID_FILE=str(after))
-    message = check_refusal(proc, "json", "plan")
+    message = check_refusal(proc, "json", "machine-mismatch")
     assert f"made on machine-id {'a' * 32}, this machine has {'b' * 32}" in message
     again = run_cli(tmp_path, "apply", str(plan), "--journal", str(tmp_path / "journal.jsonl"),
                     RECONCILE_MACHINE_ID_FILE=str(before))

@@ -11,22 +11,20 @@ mistaken for a healthy one. What reconcile could not read is left out, never wri
 The metrics every report has are written here; each kind adds its own from its observed state
 (Reconciler.metrics: reconcilers/<kind>/metrics.py), so this view names no kind.
 
-Counters exist only where a process lives across runs: `reconcile watch` keeps them
-(TextfileExporter); a one-off `diff`/`apply` reports the counts of its own run as gauges.
+Counters exist only where a process lives across runs: `reconcile watch` keeps them (the
+textfile sink, doors/sinks/textfile.py, which writes these metrics to DIR/reconcile.prom); a
+one-off `diff`/`apply` reports the counts of its own run as gauges.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping
 from typing import IO, Any
 
 from .. import FORMAT_VERSION, __version__
-from ..core.atomic import write_text
 from ..pipeline.report import STATUSES
 
-TEXTFILE_NAME = "reconcile.prom"
 ACTION_RESULTS = ("planned", "done", "failed", "skipped")
 
 
@@ -183,11 +181,11 @@ def run_metrics(doc: Mapping[str, Any], interval: float | None = None) -> Metric
     error = is_error_report(doc)
     m = report_metrics(None if error else doc, attempt=doc if error else None)
     if interval:
-        _schedule_metrics(m, interval, time.time() + interval)
+        schedule_metrics(m, interval, time.time() + interval)
     return m
 
 
-def _schedule_metrics(m: Metrics, interval: float, next_run: float) -> None:
+def schedule_metrics(m: Metrics, interval: float, next_run: float) -> None:
     m.family("reconcile_run_interval_seconds", "gauge", "How often reconcile runs here (watch --interval, or "
                                                         "the cron interval given with --interval).")
     m.add("reconcile_run_interval_seconds", interval)
@@ -198,60 +196,3 @@ def _schedule_metrics(m: Metrics, interval: float, next_run: float) -> None:
 
 def render_prometheus(doc: Mapping[str, Any], out: IO[str], verbose: bool = False) -> None:
     out.write(run_metrics(doc).text())
-
-
-def write_textfile(directory: str | os.PathLike, text: str, name: str = TEXTFILE_NAME) -> str:
-    """Write DIR/NAME whole: a temporary file beside it (a dot name without `.prom`, which the
-    collector ignores), then rename(2), so a scrape never reads half a file."""
-    path = os.path.join(os.fspath(directory), name)
-    write_text(path, text)
-    return path
-
-
-class TextfileExporter:
-    """`reconcile watch --textfile DIR`: after each pass, DIR/reconcile.prom holds the last
-    report's metrics and the counters of this watch process."""
-
-    def __init__(self, directory: str | os.PathLike, interval: float, clock=time.time):
-        self.directory = os.fspath(directory)
-        self.interval = interval
-        self.clock = clock
-        self.passes: dict[str, int] = {"ok": 0, "failed": 0, "skipped": 0}
-        self.actions = {"done": 0, "failed": 0}
-        self.last_doc: Mapping[str, Any] | None = None
-        self.path = os.path.join(self.directory, TEXTFILE_NAME)
-
-    def __call__(self, doc: Mapping[str, Any] | None, outcome: str, next_in: float | None = None,
-                 error: Mapping[str, Any] | None = None) -> str:
-        """One pass: its report's JSON form (None when the pass produced none), its outcome (`ok`,
-        `failed`, `skipped`), the wait before the next pass (back-off included) and, for a pass
-        without a report, the refusal's error report (why: state-file, journal, machine-mismatch...)."""
-        self.passes[outcome] = self.passes.get(outcome, 0) + 1
-        if doc is not None:
-            self.last_doc = doc
-            for res in doc.get("resources", []):
-                for a in res.get("actions", []):
-                    if a.get("result") in self.actions:
-                        self.actions[a["result"]] += 1
-        # A pass without a report (bad state file, lock error) keeps the previous report's
-        # metrics, whose timestamp then ages, and says why it could not run: reconcile_up 0 and
-        # reconcile_error_info{reason}, on which ReconcileCannotRun fires (also on a watch whose
-        # state file never validated, which has no previous report at all).
-        up = (doc is not None or outcome == "skipped") and self.last_doc is not None
-        attempt = None if up else (error or {"error": {"reason": "error"}, "started": self.clock()})
-        m = report_metrics(self.last_doc, up=up, attempt=attempt)
-        now = self.clock()
-        _schedule_metrics(m, self.interval, now + (self.interval if next_in is None else next_in))
-        m.family("reconcile_watch_interval_seconds", "gauge", "reconcile watch's interval between passes.")
-        m.add("reconcile_watch_interval_seconds", self.interval)
-        m.family("reconcile_watch_passes_total", "counter", "Passes of this reconcile watch process by outcome.")
-        for outcome_name, n in self.passes.items():
-            m.add("reconcile_watch_passes_total", n, {"outcome": outcome_name})
-        m.family("reconcile_watch_actions_total", "counter", "Actions this reconcile watch process carried out, "
-                                                             "by result.")
-        for result, n in self.actions.items():
-            m.add("reconcile_watch_actions_total", n, {"result": result})
-        m.family("reconcile_watch_last_pass_timestamp_seconds", "gauge", "When the last pass ended, whatever its "
-                                                                         "outcome (Unix time).")
-        m.add("reconcile_watch_last_pass_timestamp_seconds", round(now, 3))
-        return write_textfile(self.directory, m.text())

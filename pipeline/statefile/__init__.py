@@ -5,6 +5,9 @@ stands (positions.py); the plain document is checked against the bundled JSON Sc
 (schema.py) and by the checks only code can do (`needs`: known ids, no cycles). Every problem
 becomes one `FILE:LINE:COL: message` line (1-based, as gcc, ruff and yamllint print them).
 
+A field or value written in an old spelling is read as its new one, with a warning line at its
+position (spellings.py); the warnings are part of what is remembered.
+
 A file that validated once is remembered (cache.py): `diff` on an unchanged state file
 imports neither ruamel.yaml nor jsonschema.
 """
@@ -21,13 +24,15 @@ from ...core.contract import Reconciler, Resource
 from ...reconcilers import KINDS, key_of, reconciler_class, reconciler_for
 from . import cache
 from .errors import StateFileError
-from .schema import JSON_TYPES, bundled_schema, message_for, schema_fingerprint, sha256, state_validator
+from .schema import JSON_TYPES, bundled_schema, editor_schema, message_for, schema_fingerprint, sha256, state_validator
 from .text import check_size, decode, read_bounded
 
 if TYPE_CHECKING:
     from .positions import Positions
+    from .spellings import Found
 
-__all__ = ["LoadedState", "StateFileError", "bundled_schema", "load", "order_resources", "validate_text"]
+__all__ = ["LoadedState", "StateFileError", "bundled_schema", "editor_schema", "load", "order_resources",
+           "validate_text"]
 
 SUPPORTED_VERSIONS = (1,)
 
@@ -42,6 +47,8 @@ class LoadedState:
     doc: dict[str, Any]
     resources: tuple[Resource, ...]  # in the order they are reconciled
     machine_id: str | None = None  # `host: {machine_id: ...}`: the /etc/machine-id it is pinned to
+    # `FILE:LINE:COL: warning: ...` lines (old spellings, spellings.py), for the command to print once
+    warnings: tuple[str, ...] = ()
 
     @property
     def by_id(self) -> dict[str, Resource]:
@@ -160,8 +167,15 @@ def _check_needs(resources: list[Resource], label: str, pos: Positions, paths: d
 
 
 def validate_text(text: str, label: str) -> dict[str, Any]:
-    """Full validation with positions. Returns the plain document or raises StateFileError."""
+    """Full validation with positions. Returns the plain document (old spellings read as the new
+    ones) or raises StateFileError."""
+    return validate(text, label)[0]
+
+
+def validate(text: str, label: str) -> tuple[dict[str, Any], list[Found]]:
+    """validate_text, and the warnings found: (line, column, message) each, without the label."""
     from .positions import parse_yaml  # the parser: not needed when the validation cache holds the file
+    from .spellings import modernize
 
     data, pos = parse_yaml(text, label)
     if data is None:
@@ -176,7 +190,10 @@ def validate_text(text: str, label: str) -> dict[str, Any]:
         raise StateFileError([f"{label}:{line}:{col}: unsupported state file version "
                               f"{json.dumps(data['version'])} (this reconcile reads version {known})"])
 
+    found_warnings, renamed_twice = modernize(data, pos)
+    warnings = tuple(f"{label}:{line}:{col}: {msg}" for line, col, msg in found_warnings)
     found = [message_for(e, pos) for e in state_validator().iter_errors(data)]
+    found += [((line, col), msg) for line, col, msg in renamed_twice]
     if found:
         found.sort()
         seen, problems = set(), []
@@ -185,7 +202,7 @@ def validate_text(text: str, label: str) -> dict[str, Any]:
             if text_line not in seen:
                 seen.add(text_line)
                 problems.append(text_line)
-        raise StateFileError(problems)
+        raise StateFileError(problems, warnings)
 
     resources = build_resources(data)
     paths = {}
@@ -209,8 +226,8 @@ def validate_text(text: str, label: str) -> dict[str, Any]:
                 found_by_code.append((at, f"{key}.{msg}"))
     problems.extend(f"{label}:{line}:{col}: {msg}" for (line, col), msg in sorted(found_by_code))
     if problems:
-        raise StateFileError(problems)
-    return data
+        raise StateFileError(problems, warnings)
+    return data, found_warnings
 
 
 def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache: bool = True,
@@ -226,7 +243,8 @@ def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache:
     text = decode(raw, label)
 
     digest = sha256(schema_fingerprint().encode() + b"\0" + raw).hexdigest()
-    doc = cache.read(digest) if use_cache else None
+    entry = cache.read(digest) if use_cache else None
+    doc, found = entry if entry is not None else (None, [])
     built = None
     if doc is not None:
         # A cache is a hint, never an authority: an entry that does not build is validated again.
@@ -235,12 +253,13 @@ def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache:
         except Exception:
             doc = None
     if doc is None:
-        doc = validate_text(text, label)
+        doc, found = validate(text, label)
         if use_cache:
-            cache.write(digest, doc)
+            cache.write(digest, doc, found)
         built = build_resources(doc, on_kind)
     resources = order_resources(built)
     host = doc.get("host")
     pinned = host if isinstance(host, dict) else {"name": host}
     return LoadedState(path=label, version=doc["version"], host=pinned.get("name"), doc=doc,
-                       resources=tuple(resources), machine_id=pinned.get("machine_id"))
+                       resources=tuple(resources), machine_id=pinned.get("machine_id"),
+                       warnings=tuple(f"{label}:{line}:{col}: {msg}" for line, col, msg in found))

@@ -36,14 +36,34 @@ def read_json(path: str) -> Any:
         return json.load(fh)
 
 
+OLD_SPELLINGS = "x-old-spellings"  # a fragment's table of deprecated spellings (spellings.py)
+
+
+def fragment(key: str) -> dict[str, Any]:
+    """Kind KEY's schema fragment as written, its table of old spellings included."""
+    return read_json(os.path.join(SCHEMA_DIR, "kinds", f"{key}.schema.json"))
+
+
+def old_spellings() -> dict[str, list[dict[str, str]]]:
+    """Each kind's deprecated spellings, from its fragment: [{key, now}] for a renamed field,
+    [{key, value, now}] for a renamed value. The fragments are the one table: the loader reads
+    them, the editor schema marks them, and the validation cache's fingerprint covers them."""
+    if "old" not in _BUNDLE:
+        _BUNDLE["old"] = {key: fragment(key).get(OLD_SPELLINGS, []) for key in KINDS}
+    return _BUNDLE["old"]
+
+
 def bundled_schema() -> dict[str, Any]:
     """state.schema.json with each registered kind's fragment under $defs and properties, and
-    the ids `needs` may name derived from the registry (a new kind needs no edit here)."""
+    the ids `needs` may name derived from the registry (a new kind needs no edit here). The
+    current spellings only: what a state file is validated against once its old spellings are
+    read as the new ones (spellings.py); editor_schema() is what editors get."""
     if "bundle" not in _BUNDLE:
         schema = read_json(os.path.join(SCHEMA_DIR, "state.schema.json"))
         for key in KINDS:
             fragment = read_json(os.path.join(SCHEMA_DIR, "kinds", f"{key}.schema.json"))
             fragment.pop("$schema", None)
+            fragment.pop(OLD_SPELLINGS, None)
             schema["$defs"][key] = fragment
             schema["properties"][key] = {"$ref": f"#/$defs/{key}"}
         forms = [id_form(key) for key in KINDS]
@@ -57,6 +77,37 @@ def bundled_schema() -> dict[str, Any]:
             (" or " if len(forms) > 1 else "") + forms[-1]
         _BUNDLE["bundle"] = schema
     return _BUNDLE["bundle"]
+
+
+def editor_schema() -> dict[str, Any]:
+    """What `reconcile schema` prints (and schema/reconcile-state.schema.json ships): the bundle,
+    with each old spelling accepted and marked `deprecated` (JSON Schema 2020-12's annotation;
+    VS Code's `deprecationMessage` names the new spelling), so an editor flags it without calling
+    a file that still works invalid. Both spellings of one field are refused, as the loader does."""
+    import copy
+
+    schema = copy.deepcopy(bundled_schema())
+    for key, entries in old_spellings().items():
+        fields = schema["$defs"][key]
+        if not KINDS[key].singleton:
+            fields = fields["additionalProperties"]
+        props = fields["properties"]
+        for entry in entries:
+            if "value" in entry:
+                field = props[entry["key"]]
+                current = {"enum": field.pop("enum")} if "enum" in field else {}
+                alternatives = field.setdefault("anyOf", [current])
+                alternatives.append({"const": entry["value"], "deprecated": True,
+                                     "deprecationMessage": f"{entry['value']!r} is deprecated: write {entry['now']!r}"})
+            else:
+                message = f"{entry['key']!r} is deprecated: write {entry['now']!r}"
+                props[entry["key"]] = {**props[entry["now"]], "deprecated": True, "deprecationMessage": message,
+                                       "description": f"Deprecated spelling of {entry['now']!r}. "
+                                                      + props[entry["now"]].get("description", "")}
+                fields.setdefault("allOf", []).append({
+                    "not": {"required": [entry["key"], entry["now"]]},
+                    "errorMessage": f"{entry['key']!r} is the old spelling of {entry['now']!r}: give one of them"})
+    return schema
 
 
 def id_form(key: str) -> str:

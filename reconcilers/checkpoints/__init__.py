@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 from ...common.quarantine import QUARANTINE
 from ...core.contract import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
 from ...core.values import format_duration, parse_duration
-from .observed import CheckpointsObserved, StepObserved
+from .observed import CheckpointsObserved, NotCheckable, StepObserved
 
 DEFAULT_OBSERVE_TIMEOUT = "60s"
 
@@ -42,10 +42,10 @@ class CheckpointsReconciler(Reconciler):
             norm = {
                 "dir": spec["dir"].rstrip("/") or "/",
                 "layout": spec.get("layout"),
-                "resume": spec.get("resume", "whole"),
+                "resume_from": spec.get("resume_from", "whole"),
                 "min_step": spec.get("min_step"),
                 "max_age": parse_duration(spec["max_age"]) if spec.get("max_age") is not None else None,
-                "verify": spec.get("verify", "resume"),
+                "verify": spec.get("verify", "at-risk"),
                 "model_only": bool(spec.get("model_only", False)),
                 "observe_timeout": parse_duration(spec.get("observe_timeout", DEFAULT_OBSERVE_TIMEOUT)),
             }
@@ -65,6 +65,9 @@ class CheckpointsReconciler(Reconciler):
             except OSError as exc:
                 out[r.id] = ObserveError(f"cannot read {exc.filename or r.spec['dir']}: {exc.strerror}")
                 continue
+            except NotCheckable as exc:
+                out[r.id] = ObserveError(str(exc))
+                continue
             if obs.exists and obs.layout == "unknown":
                 out[r.id] = ObserveError(f"{obs.dir}: no checkpoint layout recognised (declare `layout:`)")
                 continue
@@ -76,12 +79,12 @@ class CheckpointsReconciler(Reconciler):
     def diff(self, resource: Resource, observed: CheckpointsObserved) -> list[Drift]:
         spec, o = resource.spec, observed
         drift = []
-        if spec["resume"] == "whole" and o.exists:
+        if spec["resume_from"] == "whole" and o.exists:
             if o.resume_path is not None and not o.resume_whole:
-                drift.append(Drift("resume", "whole", _pick_words(o)))
+                drift.append(Drift("resume_from", "whole", _pick_words(o)))
             elif o.resume_path is None and o.newest_whole_path is not None:
-                drift.append(Drift("resume", "whole", f"none: the framework would start from scratch "
-                                   f"though step {o.newest_whole_step} is whole"))
+                drift.append(Drift("resume_from", "whole", f"none: {_empty_words(o)} "
+                                   f"though {_at(o, o.newest_whole_step)} is whole"))
         if spec["min_step"] is not None and (o.newest_whole_step is None or o.newest_whole_step < spec["min_step"]):
             drift.append(Drift("min_step", f">= {spec['min_step']}", o.newest_whole_step))
         if spec["max_age"] is not None:
@@ -106,16 +109,18 @@ class CheckpointsReconciler(Reconciler):
                 blocked.append(f"newest whole checkpoint is {d.have or 'absent'} old (max_age "
                                f"{format_duration(resource.spec['max_age'])}): the job has stopped saving?")
         actions: list[Action] = []
-        if any(d.field == "resume" for d in drift):
+        if any(d.field == "resume_from" for d in drift):
             stuck = [s for s in _newer_than_whole(o) if s.unreadable]
-            if stuck:
+            if o.blocker:
+                blocked.insert(0, o.blocker)
+            elif stuck:
                 blocked.insert(0, f"{stuck[0].path} cannot be read ({stuck[0].reason}): neither whole nor torn, "
                                "not moved; repair or move it by hand")
             elif o.newest_whole_path is None:
                 blocked.insert(0, "no whole checkpoint to resume from")
             else:
                 actions = fix_actions(o)
-                message += (f"; after apply it will resume from step {o.newest_whole_step} "
+                message += (f"; after apply it will resume from {_at(o, o.newest_whole_step)} "
                             f"({o.newest_whole_path}), the newest whole one")
         return Plan(actions=tuple(actions), blocked="; ".join(blocked) or None, message=message, caveats=caveats)
 
@@ -142,25 +147,41 @@ class CheckpointsReconciler(Reconciler):
             parts.append(f"{torn} not whole")
         parts.append(_resume_words(o))
         if o.newest_whole_path is not None:
-            parts.append(f"newest whole step {o.newest_whole_step} ({o.newest_whole_path})")
+            parts.append(f"newest whole {_at(o, o.newest_whole_step)} ({o.newest_whole_path})")
         else:
-            parts.append("no whole step")
+            parts.append(f"no whole {_noun(o)}")
         return ", ".join(parts)
+
+
+def _noun(o: CheckpointsObserved) -> str:
+    """What a checkpoint's number is: Accelerate's checkpoint_N counts saves, not steps."""
+    return "checkpoint" if o.layout == "accelerate" else "step"
+
+
+def _at(o: CheckpointsObserved, n: int | None) -> str:
+    return f"{_noun(o)} {n}" if n is not None else f"an unknown {_noun(o)}"
 
 
 def _pick_words(o: CheckpointsObserved) -> str:
     s = o.step_at(o.resume_path)
     why = o.resume_problem or (s.reason if s else "missing")
-    at = f"step {o.resume_step}" if o.resume_step is not None else "an unknown step"
-    return f"{at} ({o.resume_path or '<empty>'}): {why}"
+    if not o.resume_path:  # its rule fails before naming a checkpoint (an empty `latest`, an entry without a number)
+        return why
+    return f"{_at(o, o.resume_step)} ({o.resume_path}): {why}"
+
+
+def _empty_words(o: CheckpointsObserved) -> str:
+    """What the framework does when its rule picks nothing, in its own terms (docs/checkpoints.md)."""
+    return o.empty_pick or "the framework would start from scratch"
 
 
 def _resume_words(o: CheckpointsObserved) -> str:
     if o.resume_path is None:
-        return "the framework would start from scratch"
+        return ("no checkpoint: " if not o.steps else "its rule picks none: ") + _empty_words(o)
+    if not o.resume_path:
+        return "its resume fails before picking a checkpoint"
     state = "whole" if o.resume_whole else "NOT whole"
-    at = f"step {o.resume_step}" if o.resume_step is not None else "an unknown step"
-    return f"will resume from {at} ({o.resume_path}, {state})"
+    return f"will resume from {_at(o, o.resume_step)} ({o.resume_path}, {state})"
 
 
 def _message(o: CheckpointsObserved) -> str:

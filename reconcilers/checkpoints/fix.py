@@ -6,7 +6,9 @@ the plan saw if the directory changed since), none deleting anything:
   it there: transformers lists `checkpoint-*` at the top of output_dir only (get_last_checkpoint,
   _sorted_checkpoints: its save_total_limit rotation never reaches it); Lightning's ls of dirpath
   is not recursive and `.reconcile-quarantine` has no `.ckpt` suffix; DeepSpeed and Megatron read
-  only what their pointer names; torchtitan matches `step-N` at the top;
+  only what their pointer names; torchtitan matches `step-N` at the top; Accelerate's
+  load_state and total_limit cleanup read every entry of `checkpoints/` (and crash on one without a
+  number), so its quarantine is in the project_dir, beside `checkpoints/`;
 - point: DeepSpeed's `latest` or Megatron's tracker rewritten durably: a temporary file beside
   it, fsync, rename over it, fsync of the directory (the old text is kept in the quarantine);
 - last: Lightning's last.ckpt made the newest whole step file: a copy (or, where the job saves
@@ -24,14 +26,19 @@ from typing import Any
 from ...common.quarantine import QUARANTINE, new_quarantine_dir
 from ...core.atomic import fsync_dir, write_json, write_text
 from ...core.contract import ApplyError, utc_iso
-from .observed import CheckpointsObserved
+from .layouts import ACC_FOLDER
+from .observed import CheckpointsObserved, NotCheckable
 from .survey import survey
 
 
-def _inside(root: str, rel: str) -> str:
+def _inside(root: str, rel: str, layout: str = "") -> str:
+    """REL if it names an entry at the top of ROOT (for accelerate: of ROOT/checkpoints/)."""
     norm = os.path.normpath(rel)
-    if not norm or norm in (".", "..") or os.path.isabs(norm) or norm.startswith("..") or os.sep in norm \
-            or norm == QUARANTINE:
+    top = norm
+    if layout == "accelerate" and norm.startswith(ACC_FOLDER + os.sep):
+        top = norm[len(ACC_FOLDER) + 1:]
+    if not top or top in (".", "..") or os.path.isabs(norm) or norm.startswith("..") or os.sep in top \
+            or top == QUARANTINE:
         raise ApplyError(f"refusing to move {rel!r}: not a checkpoint at the top of {root}")
     return norm
 
@@ -43,7 +50,10 @@ def _qdir(root: str) -> str:
 
 
 def _fresh(spec: dict[str, Any]) -> CheckpointsObserved:
-    obs = survey(spec)
+    try:
+        obs = survey(spec)
+    except NotCheckable as exc:
+        raise ApplyError(str(exc)) from None
     if not obs.exists:
         raise ApplyError(f"{spec['dir']} no longer exists")
     return obs
@@ -63,7 +73,7 @@ def quarantine(spec: dict[str, Any], name: str, steps: list[dict[str, Any]]) -> 
     qdir = None
     try:
         for item in steps:
-            rel = _inside(root, item["path"])
+            rel = _inside(root, item["path"], obs.layout)
             now = obs.step_at(rel)
             if now is None or now.whole:
                 skipped.append(rel)  # gone, or whole now (the job rewrote it): left alone
@@ -71,7 +81,8 @@ def quarantine(spec: dict[str, Any], name: str, steps: list[dict[str, Any]]) -> 
             src = os.path.join(root, rel)
             st = os.lstat(src)
             qdir = qdir or _qdir(root)
-            dst = os.path.join(qdir, rel)
+            dst = os.path.join(qdir, rel)  # accelerate: <dir>/.reconcile-quarantine/T/checkpoints/checkpoint_N,
+            os.makedirs(os.path.dirname(dst), exist_ok=True)  # beside checkpoints/, never in it (its rule)
             os.rename(src, dst)
             moved.append({"path": rel, "original": src, "moved_to": os.path.relpath(dst, root),
                           "reason": now.reason, "step": now.step, "mtime": st.st_mtime,

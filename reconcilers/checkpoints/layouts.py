@@ -9,7 +9,7 @@ The resume rules, read from upstream (docs/checkpoints.md quotes them):
   `ModelCheckpoint._find_last_checkpoints` (the `.ckpt` files in dirpath whose stem matches
   `^last(-(\\d+))?`, a prefix match) the one with the newest modification time;
 - deepspeed: `DeepSpeedEngine.load_checkpoint(tag=None)`: the text of `<dir>/latest`, stripped
-  (no file: a warning, nothing loaded);
+  (no file: a warning, nothing loaded; a tag without a model states file: AssertionError);
 - dcp: torch.distributed.checkpoint has no rule of its own; torchtitan's
   `CheckpointManager._find_load_step`: the highest N of the `step-N` directories holding a
   `.metadata` file;
@@ -38,10 +38,19 @@ LAST_STEM = re.compile(r"^last(-(\d+))?")  # lightning ModelCheckpoint._find_las
 STEP_IN_NAME = re.compile(r"step=(\d+)")  # Lightning's default filename "{epoch}-{step}"
 DS_TAG = re.compile(r"(\d+)$")  # DeepSpeed's default tag "global_step{N}"
 DS_MODEL = re.compile(r".*model_states\.pt$")
+# What DeepSpeedEngine._load_checkpoint does when the tag holds no model states file: its glob
+# (_get_all_ckpt_names) finds nothing and state_dict_factory SDLoaderBase.check_ckpt_list asserts
+# `len(self.ckpt_list) > 0` (0.19.8). Not a warning: the load raises.
+DS_NO_MODEL = ("DeepSpeed's load_checkpoint raises AssertionError (SDLoaderBase.check_ckpt_list: no "
+               "*model_states.pt to load)")
 DS_ZERO = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 DCP_DIR = re.compile(r"step-(\d+)")  # torchtitan checkpoint.py _find_load_step: re.search, anywhere in the name
 MEGATRON_DIR = re.compile(r"^iter_(\d{7,})$")  # megatron checkpointing.get_checkpoint_name
 MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # checkpointing.get_checkpoint_tracker_filename
+ACC_FOLDER = "checkpoints"  # accelerate Accelerator.save_state: os.path.join(self.project_dir, "checkpoints")
+ACC_DIR = re.compile(r"^checkpoint_(\d+)$")  # save_state: f"checkpoint_{self.save_iteration}"
+# Files a checkpoint of some framework is made of (what a declared layout that sees nothing reports).
+SHAPED = (".safetensors", ".ckpt", ".distcp", ".pt", ".pth", ".bin", ".metadata")
 # Files an interrupted write leaves: huggingface_hub/safetensors temp names, torch DCP's
 # `.metadata.tmp` (FileSystemWriter writes it, fsyncs, renames), editors' and rsync's.
 TEMP_NAME = re.compile(r"(^\.?tmp|\.tmp[^/]*$|~$)")
@@ -84,6 +93,8 @@ def detect(root: str, names: list[str]) -> str | None:
         return "megatron"
     if any(HF_DIR.match(n) for n in names):
         return "hf-trainer"
+    if ACC_FOLDER in s and any(ACC_DIR.match(n) for n in _listdir(os.path.join(root, ACC_FOLDER))):
+        return "accelerate"
     if "latest" in s or "latest_universal" in s:
         return "deepspeed"
     if any(n.endswith(".ckpt") for n in names):
@@ -100,8 +111,17 @@ def detect(root: str, names: list[str]) -> str | None:
 def _listdir(path: str) -> list[str]:
     try:
         return os.listdir(path)
-    except NotADirectoryError:
+    except (NotADirectoryError, FileNotFoundError):
         return []
+
+
+def shaped_files(root: str, names: list[str], most: int = 64) -> list[str]:
+    """Checkpoint-shaped files (SHAPED) at the top of ROOT and one folder down, at most MOST
+    folders looked into: relative paths, sorted."""
+    out = [n for n in names if n.endswith(SHAPED)]
+    for n in [n for n in names if os.path.isdir(os.path.join(root, n))][:most]:
+        out += [f"{n}/{f}" for f in _listdir(os.path.join(root, n)) if f.endswith(SHAPED)]
+    return sorted(out)
 
 
 def _mtime_of(root: str, names: list[str]) -> float:
@@ -248,7 +268,7 @@ def ds_steps(root: str, names: list[str], depth_of: Callable[[str], str],
         zero = sorted(f for f in files if DS_ZERO.match(f))
         model = sorted(f for f in files if DS_MODEL.match(f))
         if not problem and not model:
-            problem = "no *model_states.pt (DeepSpeed skips loading with a warning)"
+            problem = f"no *model_states.pt: {DS_NO_MODEL}"
         have = {DS_ZERO.match(f).group(2) for f in zero}  # type: ignore[union-attr]
         if not problem and len(have) < ranks:
             lost = sorted(set(map(str, range(ranks))) - have, key=int)
@@ -286,9 +306,12 @@ def ds_resume(root: str) -> tuple[str | None, str, str | None]:
         return None, "", None
     tag = text.strip()
     if not tag:
-        return "", "`latest` is empty (a torn write): DeepSpeed looks for the model in the run directory itself", text
+        here = any(DS_MODEL.match(f) for f in os.listdir(root))
+        return "", ("`latest` is empty (a torn write): DeepSpeed loads the model states it finds in the run "
+                    "directory itself" if here else "`latest` is empty (a torn write): DeepSpeed looks for the "
+                    f"model states in the run directory itself: {DS_NO_MODEL}"), text
     if not os.path.isdir(os.path.join(root, tag)):
-        return tag, f"`latest` names {tag!r}, which does not exist: DeepSpeed loads nothing", text
+        return tag, f"`latest` names {tag!r}, which does not exist: {DS_NO_MODEL}", text
     return tag, "", text
 
 
@@ -306,13 +329,19 @@ def pl_steps(root: str, names: list[str], depth_of: Callable[[str], str]) -> lis
             st = os.lstat(p)
         except FileNotFoundError:
             continue
+        mtime = st.st_mtime
+        if S_ISLNK(st.st_mode):  # fsspec LocalFileSystem.info (Lightning's fs.modified): the target's mtime
+            try:
+                mtime = os.stat(p).st_mtime
+            except OSError:
+                pass  # a dangling link: never Lightning's pick (fs.exists is False)
         ok, why = file_check(p, depth_of(n))
         step = _global_step(p) if ok else None
         if step is None:
             m = STEP_IN_NAME.search(n)
             step = int(m.group(1)) if m else None
         pointer = bool(LAST_STEM.match(n[:-5]))
-        out.append(StepObserved(step, n, ok, "" if ok else why, st.st_mtime, 1, st.st_size,
+        out.append(StepObserved(step, n, ok, "" if ok else why, mtime, 1, st.st_size,
                                 why if ok else "", pointer, S_ISLNK(st.st_mode)))
     return out
 
@@ -340,8 +369,8 @@ def _global_step(path: str) -> int | None:
 
 def pl_resume(root: str, steps: list[StepObserved]) -> str | None:
     """_CheckpointConnector._parse_ckpt_path("last"): the newest-mtime last*.ckpt (fs.modified:
-    a symbolic link's own time, as fsspec's LocalFileSystem.info reports it); it must exist
-    (a dangling link is skipped)."""
+    fsspec's LocalFileSystem.info(str) stats a symbolic link's target, so a link's time is its
+    target's; pl_steps records it so); it must exist (a dangling link is skipped)."""
     cands = [s for s in steps if s.pointer and os.path.exists(os.path.join(root, s.path))]
     if not cands:
         return None

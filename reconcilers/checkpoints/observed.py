@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LAYOUTS = ("hf-trainer", "lightning", "deepspeed", "dcp", "megatron")
+LAYOUTS = ("hf-trainer", "lightning", "deepspeed", "dcp", "megatron", "accelerate")
+
+
+class NotCheckable(ValueError):
+    """A run directory in a form its layout does not check (reported as an error, never ok)."""
 
 
 @dataclass(frozen=True)
@@ -14,7 +18,7 @@ class StepObserved:
     what the framework's loader reads of it is whole, and if not, why."""
 
     step: int | None  # None: a Lightning file whose step cannot be read (a torn last.ckpt)
-    path: str  # relative to dir: "checkpoint-6", "global_step6", "last.ckpt"
+    path: str  # relative to dir: "checkpoint-6", "global_step6", "last.ckpt", "checkpoints/checkpoint_3"
     whole: bool
     reason: str = ""  # why not whole (the first problem found)
     mtime: float = 0.0  # the newest mtime among its files (a directory's own entry included)
@@ -44,6 +48,8 @@ class CheckpointsObserved:
     resume_step: int | None = None
     resume_rule: str = ""  # the rule, in words, with its upstream function
     resume_problem: str = ""  # why the pick is not loadable (a pointer naming a missing step, torn)
+    empty_pick: str = ""  # what the framework does when its rule picks nothing (raise, or start from scratch)
+    blocker: str = ""  # something apply will not move that stops the framework's resume (a person must)
     pointer_text: str | None = None  # DeepSpeed `latest` / Megatron tracker, as read (None: absent)
     newest_whole_path: str | None = None
     newest_whole_step: int | None = None

@@ -1,6 +1,6 @@
 """One run directory observed: the steps (each checked to the structure), the framework's
 pick by its own rule, then every byte of that pick, and of the steps below it down to the
-first whole one when the pick is not whole (`verify: resume`, the default). Runs in the
+first whole one when the pick is not whole (`verify: at-risk`, the default). Runs in the
 observer child; imports the file checks (layouts.py)."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from typing import Any
 
 from ...common.filechecks.integrity import CONTENT, STRUCTURE
 from ...common.quarantine import QUARANTINE
+from . import accelerate as A
 from . import layouts as L
-from .observed import CheckpointsObserved, StepObserved
+from .observed import CheckpointsObserved, NotCheckable, StepObserved
 
 RULES = {
     "hf-trainer": "the highest checkpoint-N directory (transformers trainer_utils.get_last_checkpoint)",
@@ -21,6 +22,24 @@ RULES = {
     "deepspeed": "the tag named by `latest` (deepspeed DeepSpeedEngine.load_checkpoint, tag=None)",
     "dcp": "the highest step-N directory holding .metadata (torchtitan CheckpointManager._find_load_step)",
     "megatron": "the iteration in latest_checkpointed_iteration.txt (megatron checkpointing.read_metadata)",
+    "accelerate": "the entry of checkpoints/ with the highest number in its name (accelerate Accelerator.load_state "
+                  "with automatic_checkpoint_naming)",
+}
+
+# What each framework does when its rule picks nothing, from its code.
+EMPTY_PICK = {
+    "hf-trainer": "Trainer.train(resume_from_checkpoint=True) would raise ValueError \"No valid checkpoint found in "
+                  "output directory\" (transformers Trainer.train: get_last_checkpoint returned None)",
+    "lightning": "fit(ckpt_path=\"last\") would warn that there is no last checkpoint and train from scratch "
+                 "(lightning _CheckpointConnector._parse_ckpt_path)",
+    "deepspeed": "load_checkpoint() would warn \"Unable to find latest file\", load nothing and return (None, None): "
+                 "the job starts from scratch (deepspeed DeepSpeedEngine.load_checkpoint)",
+    "dcp": "torchtitan would load nothing and start from scratch (CheckpointManager.load: _find_load_step "
+           "returned -1)",
+    "megatron": "Megatron would warn \"could not find the metadata file\" and start from random weights "
+                "(checkpointing._load_base_checkpoint; with --exit-on-missing-checkpoint it exits)",
+    "accelerate": "Accelerator.load_state() would raise IndexError (checkpoints/ empty) or FileNotFoundError "
+                  "(no checkpoints/) (accelerate Accelerator.load_state)",
 }
 
 
@@ -33,15 +52,25 @@ def survey(spec: dict[str, Any], beat: Callable[[], None] | None = None) -> Chec
     detected = not layout
     if detected:
         layout = L.detect(root, names)
+        if layout is None and _accelerate_folder(names):
+            raise NotCheckable(f"{root}: no checkpoint layout recognised; it looks like layout "
+                               f"{_accelerate_folder(names)}")
         if layout is None:
             return CheckpointsObserved(dir=root, layout="unknown", detected=True, exists=True)
-    verify = spec.get("verify", "resume")
+    if layout == "accelerate":
+        names = A.names(root)
+    verify = spec.get("verify", "at-risk")
     base = STRUCTURE if verify != "content" else CONTENT
     steps = _steps(root, layout, names, lambda n: base, spec, None)
     if beat:
         beat()
-    pick, problem, text = _pick(root, layout, names, steps)
-    if verify == "resume":
+    if layout == "accelerate":  # (no pointer file: the third is what a person must move)
+        (pick, problem, blocker), text = A.resume(root), None
+    else:
+        (pick, problem, text), blocker = _pick(root, layout, names, steps), ""
+    if not steps and pick is None and not detected:
+        _sees_nothing(root, layout)
+    if verify == "at-risk":
         steps = _deepen(root, layout, names, steps, pick, spec)
     whole = [s for s in steps if s.whole and s.step is not None]
     newest = max(whole, key=lambda s: (s.step, s.mtime), default=None)
@@ -50,19 +79,22 @@ def survey(spec: dict[str, Any], beat: Callable[[], None] | None = None) -> Chec
         dir=root, layout=layout, detected=detected, exists=True,
         steps=tuple(sorted(steps, key=lambda s: (s.step if s.step is not None else -1, s.path))),
         resume_path=pick, resume_step=pick_step, resume_rule=RULES[layout], resume_problem=problem,
-        pointer_text=text, newest_whole_path=newest.path if newest else None,
+        empty_pick=EMPTY_PICK[layout], blocker=blocker, pointer_text=text,
+        newest_whole_path=newest.path if newest else None,
         newest_whole_step=newest.step if newest else None, newest_whole_mtime=newest.mtime if newest else None,
         depth=CONTENT if verify != "structure" else STRUCTURE)
 
 
 def _steps(root: str, layout: str, names: list[str], depth_of: Callable[[str], str], spec: dict[str, Any],
-           ranks: int | None) -> list[StepObserved]:
+           ranks: Any) -> list[StepObserved]:
     if layout == "hf-trainer":
         return L.hf_steps(root, names, depth_of, bool(spec.get("model_only")))
     if layout == "deepspeed":
         return L.ds_steps(root, names, depth_of, ranks)
     if layout == "lightning":
         return L.pl_steps(root, names, depth_of)
+    if layout == "accelerate":
+        return A.steps(root, names, depth_of, ranks if ranks is not None else A.expected(root, names))
     out = []
     rx = L.DCP_DIR if layout == "dcp" else L.MEGATRON_DIR
     one = L.dcp_step if layout == "dcp" else L.megatron_step
@@ -92,9 +124,11 @@ def _deepen(root: str, layout: str, names: list[str], steps: list[StepObserved],
     """Every byte of the pick; when it is not whole, of the steps below it, newest first, until
     one is whole (the one apply would make the framework resume from)."""
     by_path = {s.path: s for s in steps}
-    ranks = None
+    ranks: Any = None  # what the other checkpoints hold: DeepSpeed's ZeRO ranks, Accelerate's files
     if layout == "deepspeed":
         ranks = L.zero_ranks([(s.path, os.listdir(os.path.join(root, s.path))) for s in steps])
+    elif layout == "accelerate":
+        ranks = A.expected(root, [s.path for s in steps])
     order = sorted((s for s in steps if s.step is not None), key=lambda s: (s.step, s.mtime), reverse=True)
     first = by_path.get(pick) if pick else None
     queue = ([first] if first else []) + [s for s in order if s is not first]
@@ -108,3 +142,26 @@ def _deepen(root: str, layout: str, names: list[str], steps: list[StepObserved],
                 break
     return list(by_path.values())
 
+
+
+def _sees_nothing(root: str, layout: str) -> None:
+    """A declared layout that finds no checkpoint in a directory holding checkpoint-shaped files
+    (another layout's names, weights or checkpoint files) is a wrong declaration, not "nothing
+    saved yet": NotCheckable, naming what is there and the layout it looks like."""
+    names = sorted(n for n in os.listdir(root) if n != QUARANTINE)
+    looks = L.detect(root, names) or _accelerate_folder(names)
+    shaped = L.shaped_files(root, names)
+    if looks == layout or (looks is None and not shaped):
+        return
+    found = shaped or (A.names(root) if looks == "accelerate" else []) or names
+    what = ", ".join(found[:3]) + (f" (+{len(found) - 3} more)" if len(found) > 3 else "")
+    like = f"; it looks like layout {looks}" if looks else ""
+    raise NotCheckable(f"layout {layout} finds no checkpoint in {root}, which holds {what}{like}; "
+                       f"{EMPTY_PICK[layout]}")
+
+
+def _accelerate_folder(names: list[str]) -> str | None:
+    """Accelerate's checkpoints/ folder itself declared as the run directory."""
+    if any(L.ACC_DIR.match(n) for n in names):
+        return "accelerate (this is its checkpoints/ folder: its dir is the project_dir, the parent)"
+    return None

@@ -1,4 +1,4 @@
-"""Long-running extraction jobs (EAGLE-3 hidden states): progress, damaged files, resume.
+"""Long-running extraction jobs (EAGLE-3 hidden states): progress, damaged files, their job.
 
 Observe counts completed samples from file NAMES (`os.listdir`/`os.scandir`, no stat per
 file, no glob: on a host under heavy write load, globs over the tree failed), checks the
@@ -23,7 +23,7 @@ the state directory: $RECONCILE_STATE_DIR if set, else the journal's directory
   they were checked under (see RECENT_WINDOW).
 Counting works on ranges throughout, so a warm observe of 1,000,000 files builds no
 per-file set. The file is rewritten only when something in it changed. The pid file and
-output log of a resume `command` live in the same directory.
+output log of a job's `command` live in the same directory.
 
 Test seam: $RECONCILE_BOOT_ID_FILE, read on each observe, names the file the boot id is read
 from instead of /proc/sys/kernel/random/boot_id (tests change it to stand for a reboot).
@@ -102,7 +102,7 @@ class ExtractionObserved:
     writing: int  # incomplete files being written by the running job
     verify: str
     checked: int  # files whose integrity was checked by this observation
-    unverified_gz: int  # indices whose .gz was never decompressed, only its header read (verify: recent)
+    unverified_gz: int  # indices whose .gz was never decompressed, only its header read (verify: at-risk)
     out_of_range: int
     rate: float | None  # samples/s from recent modification times
     newest: float | None  # mtime of the newest file seen
@@ -163,8 +163,8 @@ class ExtractionsReconciler(Reconciler):
                 "total": int(spec["total"]),
                 "min_done": int(spec.get("min_done", spec["total"])),
                 "allow_missing": tuple(sorted(set(spec.get("allow_missing", ())))),
-                "verify": spec.get("verify", "recent"),
-                "resume": dict(spec.get("resume") or {}),
+                "verify": spec.get("verify", "at-risk"),
+                "job": dict(spec.get("job") or {}),
                 "observe_timeout": parse_duration(spec.get("observe_timeout", DEFAULT_OBSERVE_TIMEOUT)),
             }
             out.append(Resource(id=f"extraction:{name}", kind=self.kind, name=name, spec=norm,
@@ -214,12 +214,12 @@ class ExtractionsReconciler(Reconciler):
 
         carried: list[RecentFile] = []  # recent files not read again, as recorded
         reread: set[int] = set()
-        if verify == "recent" and record:
+        if verify == "at-risk" and record:
             carried, reread = _unchanged_recent(root, listing, present, record, boot)
 
-        if verify == "all" or (verify == "recent" and not record):
+        if verify == "content" or (verify == "at-risk" and not record):
             to_check = present  # no earlier check to build on: check everything once
-        elif verify == "recent":
+        elif verify == "at-risk":
             assert record is not None
             to_check = normalize(subtract(present, record.verified) + to_ranges(reread))
         else:
@@ -228,12 +228,12 @@ class ExtractionsReconciler(Reconciler):
             to_check = normalize(new + intersect(present, was_recent))
         carried = [f for f in carried if not contains(to_check, f.index)]
 
-        # The check (tally.py): every file to check at the depth its verify mode asks (recent: the
+        # The check (tally.py): every file to check at the depth its verify mode asks (at-risk: the
         # structure, except for the files the recent rule re-reads, whose content is read); then,
-        # under recent, the files written within RECENT_WINDOW of the newest, when no check of this
+        # under at-risk, the files written within RECENT_WINDOW of the newest, when no check of this
         # boot has seen them (a first check, or the first since a reboot): they may hold pages a
         # crash lost, so their content is read too.
-        depth = {"all": CONTENT, "recent": STRUCTURE, "none": STAT}[verify]
+        depth = {"content": CONTENT, "at-risk": STRUCTURE, "none": STAT}[verify]
         mtimes: dict[int, float] = {}  # index -> newest mtime of its files, for the files looked at
         for f in carried:
             mtimes[f.index] = max(mtimes.get(f.index, 0.0), f.mtime_ns / 1e9)
@@ -250,7 +250,7 @@ class ExtractionsReconciler(Reconciler):
                 progress(f"{label}: {stage}", n, of, "samples" if stage == "checking" else "files")
 
         result = tally.run(tally.Check(root, listing, depth, reread), to_check,
-                           verify == "recent" and first_of_boot, known, ticked)
+                           verify == "at-risk" and first_of_boot, known, ticked)
         newest = result.newest
         mtimes.update(result.mtimes)
 
@@ -415,9 +415,9 @@ class ExtractionsReconciler(Reconciler):
                         blocked=unreadable, message=message, caveats=caveats)
         why = None
         if job.how == "none":
-            why = f"{progress}; no resume declared to continue the job"
+            why = f"{progress}; no job declared to continue"
         elif job.how == "unit" and not job.exists:
-            why = f"{progress}; resume unit {job.target} not found"
+            why = f"{progress}; the job's unit {job.target} not found"
         if why:
             return Plan(actions=tuple(actions), blocked="; ".join(x for x in (unreadable, why) if x),
                         message=message, caveats=caveats)
@@ -439,13 +439,13 @@ class ExtractionsReconciler(Reconciler):
 
             return "; ".join(finish(resource, name) for name in action.params.get("dirs", ()))
         if action.action == "start":
-            resume = resource.spec["resume"]
-            if resume.get("unit"):
-                systemd.act(host, "start", resume["unit"], START_TIMEOUT)
-                return f"started {resume['unit']}"
-            if resume.get("command"):
+            job = resource.spec["job"]
+            if job.get("unit"):
+                systemd.act(host, "start", job["unit"], START_TIMEOUT)
+                return f"started {job['unit']}"
+            if job.get("command"):
                 return start_command(host, resource)
-            raise ApplyError("no resume declared")
+            raise ApplyError("no job declared")
         raise ApplyError(f"unknown extraction action {action.action!r}")
 
     def summary(self, resource: Resource, observed: ExtractionObserved) -> str:
@@ -503,8 +503,8 @@ def _caveats(observed: ExtractionObserved) -> tuple[str, ...]:
     out = []
     if observed.unverified_gz:
         n = observed.unverified_gz
-        out.append(f"{n:,} .gz sample{'s' if n != 1 else ''} not decompressed (verify: recent reads the gzip "
-                   "header only): not proven whole; `verify: all` decompresses them")
+        out.append(f"{n:,} .gz sample{'s' if n != 1 else ''} not decompressed (verify: at-risk reads the gzip "
+                   "header only): not proven whole; `verify: content` decompresses them")
     if observed.no_crc:
         n = observed.no_crc
         out.append(f"{n:,} sample{'s' if n != 1 else ''} written without CRC-32s (torch.serialization."

@@ -1,5 +1,5 @@
-"""The job that writes the samples: a resume `command` started detached by reconcile (its pid
-file names one process by pid and start time), or a resume unit started through systemd."""
+"""The job that writes the samples: the `job.command` started detached by reconcile (its pid
+file names one process by pid and start time), or the `job.unit` started through systemd."""
 
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ START_TIMEOUT = 120.0
 class JobObserved:
     """The job that writes an extraction's files: how it is resumed, and whether it runs."""
 
-    how: str  # "unit", "command" or "none" (no resume declared)
+    how: str  # "unit", "command" or "none" (no job declared)
     target: str  # unit name or command line
     running: bool
     state: str  # "active/running", "pid 4242 running", "not running", "not found"
     pid: int = 0
-    exists: bool = True  # False: the resume unit is not known to systemd
-    # A resume command reconcile started that has ended: how (its exit status; negative: killed by
+    exists: bool = True  # False: the job's unit is not known to systemd
+    # A job command reconcile started that has ended: how (its exit status; negative: killed by
     # that signal), when it was started, and the last lines of its log.
     exit_status: int | None = None
     started: str = ""
@@ -50,15 +50,15 @@ class JobObserved:
 
 
 def observe_jobs(host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
-    """Each extraction's job: its resume unit (one `systemctl show` for all) or command."""
+    """Each extraction's job: its unit (one `systemctl show` for all) or command."""
     jobs: dict[str, Any] = {}
-    units = [r for r in resources if r.spec["resume"].get("unit")]
+    units = [r for r in resources if r.spec["job"].get("unit")]
     if units:
-        names = [r.spec["resume"]["unit"] for r in units]
+        names = [r.spec["job"]["unit"] for r in units]
         try:
             shown = systemd.show(host, names, CALL_TIMEOUT)
         except ObserveError as exc:
-            shown = ObserveError(f"the resume unit: {exc}")
+            shown = ObserveError(f"the job's unit: {exc}")
         for r, name in zip(units, names, strict=True):
             if isinstance(shown, ObserveError):
                 jobs[r.id] = shown
@@ -70,9 +70,9 @@ def observe_jobs(host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
     for r in resources:
         if r.id in jobs:
             continue
-        argv = r.spec["resume"].get("command")
+        argv = r.spec["job"].get("command")
         if not argv:
-            jobs[r.id] = JobObserved("none", "", False, "no resume declared")
+            jobs[r.id] = JobObserved("none", "", False, "no job declared")
             continue
         pid = command_pid(host, r.name)
         if pid:
@@ -135,15 +135,15 @@ def command_pid(host: Host, name: str) -> int | None:
 
 
 def start_command(host: Host, resource: Resource) -> str:
-    resume = resource.spec["resume"]
-    argv = list(resume["command"])
+    job = resource.spec["job"]
+    argv = list(job["command"])
     d = state_dir()
     d.mkdir(parents=True, exist_ok=True)
     log = d / f"{resource.name}.log"
     status = d / f"{resource.name}.exit.json"
     try:
         status.unlink(missing_ok=True)  # how the previous job ended: not this one's
-        pid = host.spawn_detached(argv, str(log), cwd=resume.get("cwd"), status_path=str(status))
+        pid = host.spawn_detached(argv, str(log), cwd=job.get("cwd"), status_path=str(status))
     except OSError as exc:
         raise ApplyError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
     write_json(d / f"{resource.name}.pid", {

@@ -24,7 +24,7 @@ def extraction_metrics(resource: Mapping[str, Any], report: Mapping[str, Any]) -
 
     job = observed.get("job")
     running: tuple[Sample, ...] = ()
-    if present and isinstance(job, Mapping) and job.get("how") != "none":  # no `resume`: no job to run
+    if present and isinstance(job, Mapping) and job.get("how") != "none":  # no `job` declared: none to run
         running = (Sample(bool(job.get("running")), ident),)
     return [
         Metric("reconcile_extraction_done_samples", "Samples with a file not found damaged.",

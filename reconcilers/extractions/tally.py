@@ -1,7 +1,7 @@
 """The integrity check of a tree, in runs of indices, on every CPU, and what it adds up to.
 
 Phase 1 checks every file of the indices to check, at the depth the verify mode asks (the
-files the recent rule re-reads: their content). Phase 2 (`verify: recent`, when no check of
+files the recent rule re-reads: their content). Phase 2 (`verify: at-risk`, when no check of
 this boot has seen the tree) reads whole the files written within RECENT_WINDOW of the newest.
 Both run as tasks on pool.map_forked's workers, or in this process when the work is small.
 

@@ -161,7 +161,8 @@ rc:
 reason:
   description: >-
     Why reconcile refused or could not run, from its error report (C(error.reason)), e.g.
-    C(lock-held), C(host-mismatch), C(machine-mismatch), C(journal), C(state-file).
+    C(lock-held), C(host-mismatch), C(machine-mismatch), C(journal), C(state-file), C(plan-stale)
+    (docs/json-report.md lists the closed set).
   returned: when reconcile printed an error report
   type: str
   sample: lock-held
