@@ -181,6 +181,7 @@ def test_not_root_every_setter_is_refused_one_line_per_gpu(fake_lib):
         for path in (lib, *lib.iterdir(), config, state, klog):
             path.chmod(0o755 if path.is_dir() else 0o644)
         env = cli_env(tmp, LD_LIBRARY_PATH=str(lib), FAKE_NVML_CONFIG=str(config), RECONCILE_KERNEL_LOG=str(klog),
+                      RECONCILE_SYSFS_PCI=str(gs.pci_root(config)),
                       RECONCILE_STATE_DIR=str(tmp / "state"), HOME=str(tmp))
         argv = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
                 *reconcile_argv("apply", str(state), "--format", "json", "--journal", str(tmp / "journal.jsonl"))]
