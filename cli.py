@@ -303,7 +303,10 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
 
         prefetch = Prefetch(host)
         state = load_state(path, prefetch, fmt, "apply", dry_run, sinks=sinks)
-        result = runs.diff(state, prefetch.host, command="apply", prefetch=prefetch)
+        from .pipeline.journal import Journal
+
+        result = runs.diff(state, prefetch.host, command="apply", prefetch=prefetch,
+                           history_path=Journal.at(journal_path).path)
     else:
         from .pipeline.journal import Journal
 
@@ -349,6 +352,36 @@ def log_command(journal_path: str | None, since: str | None, until: str | None, 
     if limit:
         fail("--limit needs --inventory")
     sys.exit(run_log(journal_path, since, until, resource, run_id, fmt, verbose))
+
+
+@main.command("ack")
+@click.option("--gpu", metavar="UUID|BUS_ID", help="The GPU that was serviced (its UUID, or its PCI bus id) "
+                                                    "[default: the node].")
+@click.option("--reason", required=True, metavar="WHY", help="What was done (reseated, RMA, firmware updated).")
+@click.option("--by", metavar="WHO", help="Who did it [default: $SUDO_USER, else $USER].")
+@click.option("--journal", "journal_path", type=click.Path(dir_okay=False), help="Journal file, as for apply.")
+def ack_command(gpu: str | None, reason: str, by: str | None, journal_path: str | None) -> None:
+    """Say that a GPU fault was serviced: journaled with who and why; the recovery caps and latched
+    faults of that GPU (or, without --gpu, of the node and every GPU, and a failed validation gate)
+    start again (docs/gpus.md#recovery)."""
+    from .local.host import LocalHost
+    from .pipeline.journal import Journal
+    from .pipeline.recoveries import GPU_ID_RE, ack, default_by
+
+    if gpu is not None and not GPU_ID_RE.match(gpu.strip()):
+        fail(f"--gpu: {gpu!r} is neither a GPU UUID (GPU-...) nor a PCI bus id (00000000:41:00.0)")
+    if not reason.strip():
+        fail("--reason: say what was done")
+    journal = Journal.at(journal_path)
+    try:
+        line = ack(journal, reason.strip(), (by or default_by()).strip(), gpu.strip() if gpu else None,
+                   LocalHost().machine())
+    except OSError as exc:
+        fail(f"cannot write the journal {journal.path}: {exc.strerror or exc}")
+        return
+    what = f"GPU {line['gpu']}" if line["gpu"] else "the node and its GPUs"
+    click.echo(f"acknowledged by {line['by']} at {line['time']}: {what}: {line['reason']} (the recovery caps "
+               "and latched faults start again)")
 
 
 @main.command("version")

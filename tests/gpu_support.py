@@ -88,6 +88,7 @@ class FakeGpu:
     error: str = ""  # lost, reset_required, unknown, no_permission
     error_on: tuple[str, ...] = ()  # call names, "all" (the default with an error) or "handle"
     bus: str | None = None  # default 00000000:<11 + 16 i>:00.0
+    broken: bool = False  # a reset does not mend it: its faults read the same after one
     # Settings keys of tests/fakenvml/fakenvml_settings.c, verbatim: power_limit_mw, compute_mode,
     # mem_clocks, gr_clocks, clock_gr, ecc, ecc_pending, mig_pending, ... (milliwatts, MHz).
     settings: dict[str, object] = field(default_factory=dict)
@@ -153,6 +154,8 @@ class FakeConfig:
                 parts.append(f"lose_on={g.lose_on}")
             if g.hang_on:
                 parts.append(f"hang_on={g.hang_on}")
+            if g.broken:
+                parts.append("broken=1")
             lines.append("gpu " + " ".join(parts))
         for h in self.holders:
             parts = [f"mib={h.mib}", "gpus=" + ",".join(str(g) for g in h.gpus),
@@ -338,7 +341,10 @@ def _ctypes_call(lib: Path, config: Path, expr: str) -> int:
 
 def reset_gpu(lib: Path, config: Path, index: int) -> int:
     """What `nvidia-smi -r -i INDEX` does to the fake: a pending MIG mode becomes current, clocks set on
-    it are lost; refused (19, NVML_ERROR_IN_USE) while a process holds it. Returns NVML's code."""
+    it are lost, volatile ECC counts, pending remaps and retirements and the recovery action are cleared
+    (unless the GPU is `broken`); refused (19, NVML_ERROR_IN_USE) while a process holds it or persistence
+    mode is on, and (15, GPU_IS_LOST) for a lost GPU. Returns NVML's code. tests/fakenvml/bin/nvidia-smi
+    is the same as a command, with nvidia-smi's words."""
     return _ctypes_call(lib, config, f"lib.fake_nvml_reset_gpu({int(index)})")
 
 

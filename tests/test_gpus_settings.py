@@ -240,6 +240,9 @@ def test_mig_and_ecc_changes_stay_pending_until_the_gpu_is_reset_or_the_host_reb
         assert gs.reset_gpu(fake_lib, host.config, 1) == 19  # NVML_ERROR_IN_USE
     finally:
         holders.cleanup()
+    # Persistence mode holds it too (NVIDIA/NVSentinel#1690: "In use by another client" until `nvidia-smi -pm 0`).
+    assert gs.reset_gpu(fake_lib, host.config, 1) == 19
+    gs.nvml_do(fake_lib, host.config, "n.nvmlDeviceSetPersistenceMode(h(1), 0)")
     assert gs.reset_gpu(fake_lib, host.config, 1) == 0
     assert host.nvml()[1]["mig"] == [1, 1]
     code, report = host.run("diff", state)

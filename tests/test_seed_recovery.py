@@ -349,8 +349,12 @@ def test_mig_on_a_gpu_vllm_holds_is_blocked_until_the_unit_is_stopped(scenario):
     ext = res["extraction:eagle3-hidden-states"]
     assert ext["status"] == "blocked" and "needs not ok (gpus is converging)" in ext["message"]
 
-    # A person resets GPU 3 (nothing holds it now): MIG is current, the GPUs are ready.
+    # A person resets GPU 3 (nothing holds it now; persistence mode off first, or the driver refuses:
+    # NVIDIA/NVSentinel#1690): MIG is current, the GPUs are ready.
+    assert gs.reset_gpu(s.lib, s.config, 3) == 19
+    gs.nvml_do(s.lib, s.config, "n.nvmlDeviceSetPersistenceMode(h(3), 0)")
     assert gs.reset_gpu(s.lib, s.config, 3) == 0
+    gs.nvml_do(s.lib, s.config, "n.nvmlDeviceSetPersistenceMode(h(3), 1)")  # and back on, as before the reset
     code, report, _ = s.cli("diff", str(state))
     gpus = by_id(report)["gpus"]
     assert gpus["status"] == "ok" and gs.nvml_settings(s.lib, s.config)[3]["mig"] == [1, 1]

@@ -181,11 +181,11 @@ def run_metrics(doc: Mapping[str, Any], interval: float | None = None) -> Metric
     error = is_error_report(doc)
     m = report_metrics(None if error else doc, attempt=doc if error else None)
     if interval:
-        _schedule_metrics(m, interval, time.time() + interval)
+        schedule_metrics(m, interval, time.time() + interval)
     return m
 
 
-def _schedule_metrics(m: Metrics, interval: float, next_run: float) -> None:
+def schedule_metrics(m: Metrics, interval: float, next_run: float) -> None:
     m.family("reconcile_run_interval_seconds", "gauge", "How often reconcile runs here (watch --interval, or "
                                                         "the cron interval given with --interval).")
     m.add("reconcile_run_interval_seconds", interval)

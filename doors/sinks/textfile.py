@@ -100,7 +100,7 @@ class Textfile:
 
     def pass_metrics(self, run: Finished) -> str:
         """One pass of the watch: the last report's metrics, and the watch's own counters."""
-        from ...views.prometheus import _schedule_metrics, report_metrics
+        from ...views.prometheus import report_metrics, schedule_metrics
 
         doc = run.report
         self.passes[run.outcome] = self.passes.get(run.outcome, 0) + 1
@@ -114,7 +114,7 @@ class Textfile:
         up = (doc is not None or run.outcome == "skipped") and self.last_doc is not None
         m = report_metrics(self.last_doc, up=up, attempt=None if up else run.doc)
         now = self.clock()
-        _schedule_metrics(m, self.interval, now + (self.interval if run.next_in is None else run.next_in))
+        schedule_metrics(m, self.interval, now + (self.interval if run.next_in is None else run.next_in))
         m.family("reconcile_watch_interval_seconds", "gauge", "reconcile watch's interval between passes.")
         m.add("reconcile_watch_interval_seconds", self.interval)
         m.family("reconcile_watch_passes_total", "counter", "Passes of this reconcile watch process by outcome.")

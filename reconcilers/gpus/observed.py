@@ -202,6 +202,7 @@ class GpusObserved:
     cuda_version: str | None = None  # the CUDA version the driver supports ("13.1")
     kernel_log: KernelLog | None = None
     settings_host: SettingsHost | None = None  # None: no setting declared
+    recovery: RecoveryHost | None = None  # None: neither `recover` nor `validate` declared
 
 
 @dataclass(frozen=True)
@@ -214,3 +215,13 @@ class SettingsHost:
     persistenced_note: str = ""
     boot_id: str = ""  # /proc/sys/kernel/random/boot_id: locked clocks recorded in another boot are gone
     driver_load: str = ""  # the kernel log's last boot/driver-load line: the same for a driver reload
+
+
+@dataclass(frozen=True)
+class RecoveryHost:
+    """What recovering the GPUs depends on beyond the GPUs (recovery.py, gate.py): this boot, whether
+    the GPUs are reset only together, and the validation gate's result in this boot."""
+
+    boot_id: str = ""  # /proc/sys/kernel/random/boot_id ($RECONCILE_BOOT_ID_FILE)
+    nvswitches: tuple[str, ...] = ()  # NVSwitch devices: GPUs reset only together, with the fabric manager
+    gate: Any = None  # gate.GateResult of this boot; None: the gate has not run in this boot
