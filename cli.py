@@ -451,9 +451,14 @@ def watch(file: str | None, interval: str, journal_path: str | None, lock_timeou
               help="Journal file, as for apply: one line per run goes there; the run's lock sits beside it.")
 @click.option("--scontrol", default="/usr/bin/scontrol", show_default=True, metavar="PATH",
               help="The scontrol to call.")
+@click.option("--max-drained", default="50%", show_default=True, metavar="N|P%",
+              help="Fleet guard: never drain while this many (or this share) of a partition of the node is "
+                   "already drained or down; 100% turns it off.")
+@click.option("--textfile", metavar="DIR", type=click.Path(file_okay=False),
+              help="Also write DIR/reconcile-slurm-health.prom for node_exporter's textfile collector.")
 @_names_which_file
 def slurm_health(file: str | None, node: str | None, do_apply: bool, deadline: str, journal_path: str | None,
-                 scontrol: str) -> None:
+                 scontrol: str, max_drained: str, textfile: str | None) -> None:
     """Slurm's HealthCheckProgram: drain the node when a resource is blocked or cannot be
     observed, resume it once converged if reconcile drained it (doors/slurm.py).
 
@@ -467,8 +472,14 @@ def slurm_health(file: str | None, node: str | None, do_apply: bool, deadline: s
     limit = parse_duration_option(deadline, "--deadline")
     if not 1 <= limit < 60:
         fail("--deadline must be at least 1s and below 60s (slurmd kills a health check after 60 s)")
+    try:
+        guard = slurm.parse_max_drained(max_drained)
+    except ValueError as exc:
+        fail(f"--max-drained: {exc}")
+    if textfile and not os.path.isdir(textfile):
+        fail(f"--textfile {textfile}: no such directory (node_exporter's --collector.textfile.directory)")
     sys.exit(slurm.health_check(slurm.Settings(resolve_state_file(file), slurm.node_name(node), journal_path,
-                                               limit, do_apply, scontrol)))
+                                               limit, do_apply, scontrol, max_drained=guard, textfile=textfile)))
 
 
 if __name__ == "__main__":

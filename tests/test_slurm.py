@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from cli_support import cli_env, reconcile_argv, wait_for
 from gpu_support import FakeConfig, nvml_env, seed_gpus
+from reconcile_host.core.contract import utc_iso
 from reconcile_host.doors import slurm
 from slurm_support import SlurmCluster, missing_prerequisites
 
@@ -77,10 +78,16 @@ def test_slurmd_health_check_drains_resumes_and_leaves_a_manual_drain_alone(tmp_
         f"RECONCILE_CACHE_DIR={tmp_path / 'cache'}\n")
 
     def after_more_runs(n: int) -> list[dict]:
-        """Wait until `n` more runs have written their line; return the new lines."""
-        seen = len(runs(journal))
-        wait_for(lambda: len(runs(journal)) >= seen + n, timeout=60, what=f"{n} more health-check runs")
-        return runs(journal)[seen:]
+        """Wait until `n` runs that started from now on have written their line; return those lines.
+        (A run already under way when something changes writes its line later, with what it saw
+        before: its `time` is its start, so it is left out.)"""
+        since = utc_iso(millis=True)
+
+        def started_since() -> list[dict]:
+            return [r for r in runs(journal) if r["time"] >= since]
+
+        wait_for(lambda: len(started_since()) >= n, timeout=60, what=f"{n} more health-check runs")
+        return started_since()
 
     with cluster:
         # Healthy: runs happen, the node takes jobs.
