@@ -353,3 +353,32 @@ def test_without_recover_nothing_is_reset_the_step_is_named(tmp_path, fake_lib):
     code, report = rig.run("apply", "gpus:\n  count: 2\n")
     assert code == 2 and "must not run jobs: reset the GPU" in report["message"]
     assert report["actions"] == [] and rig.resets() == []
+
+
+def test_persistence_held_by_nvidia_persistenced_is_released_through_its_unit_and_restored(nsystemd, tmp_path,
+                                                                                           fake_lib):
+    """Where nvidia-persistenced runs (the stand-in daemon under the namespaced systemd, turning every
+    GPU's persistence on as the real one does), the reset stops its unit and starts it again."""
+    from cli_support import cli_env, reconcile_argv
+
+    unit = "nvidia-persistenced.service"
+    rig = Rig(tmp_path, fake_lib, gpus(ecc_volatile=1))
+    nsystemd.write_unit(unit, gs.persistenced_unit(fake_lib, rig.config, pidfile=str(tmp_path / "persistenced.pid")))
+    nsystemd.systemctl("start", unit, check=True)
+    nsystemd.wait_active(unit)
+    assert [x["persistence"] for x in rig.health()] == [1, 1]
+    argv = reconcile_argv("apply", str(gs.write_state(tmp_path, state())), "--format", "json",
+                          "--journal", str(rig.journal))
+    proc = nsystemd.run(argv, env={**cli_env(tmp_path), **gs.nvml_env(fake_lib, rig.config), **rig.env}, timeout=180)
+    report = gs.gpus_report(proc)
+    assert proc.returncode == 0, report
+    reset = [a for a in report["actions"] if a["action"] == "reset"][0]
+    assert reset["result"] == "done" and f"by stopping {unit}" in reset["description"]
+    # The daemon went (every GPU's persistence with it), the reset, the daemon again: per the fake's log.
+    calls = [(call, args, result) for call, _, args, result in gs.setter_calls(rig.config)]
+    assert calls == [("persistenced", "1", "ok"), ("persistenced", "0", "ok"), ("reset", "", "ok"),
+                     ("persistenced", "1", "ok")]
+    assert nsystemd.show(unit, "ActiveState") == "active"
+    after = rig.health()
+    assert [x["persistence"] for x in after] == [1, 1] and after[1]["ecc_volatile"] == 0
+    assert not [c for c in calls if c[0] == "nvmlDeviceSetPersistenceMode"]  # not through NVML

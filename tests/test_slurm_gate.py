@@ -32,6 +32,13 @@ def cluster():
         yield c
 
 
+def test_the_sink_reads_the_gate_field_the_gpus_kind_writes():
+    from reconcile_host.doors.sinks import slurm_node
+    from reconcile_host.reconcilers.gpus import gate
+
+    assert slurm_node.GATE_FIELD == gate.FIELD
+
+
 def drained(cluster: SlurmCluster) -> bool:
     return "DRAIN" in cluster.state().upper()
 

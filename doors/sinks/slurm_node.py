@@ -113,7 +113,9 @@ def decide(verdict: Verdict, node: NodeState) -> Decision:
 
 # --- issue 33 §2: a node reconcile drained returns only once the validation gate passed in this boot ---
 
-from ...reconcilers.gpus.gate import FIELD as GATE_FIELD  # noqa: E402  (the gpus kind's drift until it passed)
+# The gpus kind's drift field until the gate passed (reconcilers/gpus/gate.py FIELD; a kind is not imported
+# from here, tests/test_layers.py; tests/test_slurm_gate.py holds the two equal).
+GATE_FIELD = "validated"
 
 
 def gate_pending(doc: dict[str, Any]) -> str:
