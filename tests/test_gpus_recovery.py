@@ -382,3 +382,5 @@ def test_persistence_held_by_nvidia_persistenced_is_released_through_its_unit_an
     after = rig.health()
     assert [x["persistence"] for x in after] == [1, 1] and after[1]["ecc_volatile"] == 0
     assert not [c for c in calls if c[0] == "nvmlDeviceSetPersistenceMode"]  # not through NVML
+    result = [e for e in rig.lines() if e.get("action") == "reset" and e["event"] == "result"][0]
+    assert f"persistence mode was on: stopped {unit}, then started {unit}" in result["message"]

@@ -378,7 +378,8 @@ def reset(host: Host, params: Mapping[str, Any], setters: Setters | None = None)
 
 def _persistence(host: Host, setters: Setters, params: Mapping[str, Any], how: str, on: bool) -> str:
     if how == "unit":
-        return unit_action(host, Action("start" if on else "stop", PERSISTENCED))
+        unit_action(host, Action("start" if on else "stop", PERSISTENCED))  # ApplyError when systemd refuses
+        return f"{'started' if on else 'stopped'} {PERSISTENCED}"
     gpu = params.get("index")
     return setters.set(host, Action("set", f"gpu{gpu}.persistence_mode", "",
                                     {"gpu": gpu, "uuid": params.get("uuid"), "setting": "persistence_mode",
