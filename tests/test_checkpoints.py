@@ -107,6 +107,7 @@ def megatron_run(tmp_path):
     return run
 
 
+@pytest.mark.system
 def test_megatron_tracker_moved_to_the_newest_whole_iteration(tmp_path, megatron_run):
     run: Path = megatron_run
     p = run / "iter_0000008" / "mp_rank_00" / "model_optim_rng.pt"
@@ -124,6 +125,7 @@ def test_megatron_tracker_moved_to_the_newest_whole_iteration(tmp_path, megatron
     cs.nothing_lost(before, cs.inventory(run))
 
 
+@pytest.mark.system
 def test_megatron_tracker_garbage_is_drift(tmp_path, megatron_run):
     (megatron_run / "latest_checkpointed_iteration.txt").write_text("")
     res = cs.observed(tmp_path, cs.state(tmp_path, "mega", megatron_run, layout="megatron"))

@@ -27,7 +27,7 @@ from pathlib import Path
 import gpu_support as gs
 import pytest
 import torch_support as ts
-from cli_support import cli_env, reconcile_argv
+from cli_support import cli_env, reconcile_argv, reconcile_json
 from extraction_support import FAKE_EXTRACT
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,12 +83,9 @@ class Scenario:
                 **gs.nvml_env(self.lib, self.config), "RECONCILE_KERNEL_LOG": str(self.kernel_log)}
 
     def cli(self, *args: str) -> tuple[int, dict, str]:
-        argv = reconcile_argv(*args, "--format", "json")
-        if args[0] == "apply":
-            argv += ["--journal", str(self.journal)]
-        proc = self.nsd.run(argv, env=self.env(), timeout=180)
-        assert "Traceback" not in proc.stderr, proc.stderr
-        return proc.returncode, json.loads(proc.stdout), proc.stderr
+        code, doc, stderr = reconcile_json(self.tmp, *args, runner=self.nsd, timeout=180, **self.env())
+        assert doc is not None, stderr
+        return code, doc, stderr
 
     def gpu_memory(self) -> list[int]:
         out = self.nsd.run(gs.pynvml_probe_argv(), env={**os.environ, **gs.nvml_env(self.lib, self.config)},

@@ -35,9 +35,7 @@ def write_gpus(path: Path, bad_gpu: int | None = None, hang_init_s: int = 0) -> 
     gpus = seed_gpus(2)
     if bad_gpu is not None:
         gpus[bad_gpu].ecc_volatile = 2
-    tmp = path.with_suffix(".tmp")
-    FakeConfig(gpus=gpus, hang_init_s=hang_init_s).write(tmp)
-    os.replace(tmp, path)
+    FakeConfig(gpus=gpus, hang_init_s=hang_init_s).write(path, whole=True)
 
 
 def bus_id(lib: Path, config: Path, index: int) -> str:
@@ -75,6 +73,7 @@ def test_slurmd_health_check_drains_resumes_and_leaves_a_manual_drain_alone(tmp_
         f'RECONCILE_HEALTH_ARGS="--deadline 20s --journal {journal}"\n'
         f"export SLURM_CONF={cluster.conf} LD_LIBRARY_PATH={fake_lib} FAKE_NVML_CONFIG={config} "
         f"RECONCILE_KERNEL_LOG={nvml_env(fake_lib, config)['RECONCILE_KERNEL_LOG']} "
+        f"RECONCILE_SYSFS_PCI={nvml_env(fake_lib, config)['RECONCILE_SYSFS_PCI']} "
         f"RECONCILE_CACHE_DIR={tmp_path / 'cache'}\n")
 
     def after_more_runs(n: int) -> list[dict]:

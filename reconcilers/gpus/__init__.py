@@ -4,7 +4,8 @@ checks operators run.
 Observed through NVML (the `pynvml` module of nvidia-ml-py) in a forked child: the gpus kind
 always describes the machine reconcile runs on. Without NVML it falls back to `nvidia-smi
 --query-...` CSV; with neither, the resource is an error. The kernel log adds the driver's Xid
-messages, judged by NVIDIA's Xid catalogue (xid.py, catalogue.py, health.py).
+messages, judged by NVIDIA's Xid catalogue (xid.py, catalogue.py, health.py). The PCI bus
+(sysfs: pcibus.py) holds the driver's list and `count`: a GPU gone from the driver is still named.
 
 Memory is freed by stopping the systemd unit a holder belongs to, or by signalling a process
 whose name the state allows to be killed — never by a blind `fuser -k /dev/nvidia*`: a holder
@@ -45,7 +46,7 @@ from ...core.contract import (
 from ...core.host import CommandTimeout
 from ...core.values import never_answers, parse_duration, parse_size
 from ..containers.refs import containers_of
-from . import health
+from . import health, pcibus
 from .checks import check_blocked, check_drift, parse_checks
 from .gate import FIELD as GATE_FIELD
 from .gate import gate_drift_have, gate_lines, gate_plan, parse_validate, read_result, run_gate
@@ -215,11 +216,17 @@ class GpusReconciler(Reconciler):
         gpus = [health.judge(g, events, log) for g in gpus]
         for g in gpus:
             notes.extend(f"GPU {g.index}: could not read {e}" for e in g.read_errors)
+        # --- the PCI bus, held against the driver's list (issue 33 §4: pcibus.py) ---
+        bus = pcibus.with_visibility(pcibus.read_pci_bus(pcibus.sysfs_root()),
+                                     gpu_minors(os.environ.get(PROC_GPUS_ENV) or DEFAULT_PROC_GPUS))
+        if (wrong := pcibus.disagreement(gpus, bus)) is not None:
+            raise ObserveError(wrong)
+        # --- end of the PCI bus ---
         setting = None
         if settings:
             setting, gpus = self._settings_host(host, settings, gpus, log.last_init if log else "")
         return GpusObserved(source, driver, tuple(gpus), tuple(holders), tuple(events), tuple(notes), cuda, log,
-                            setting)
+                            setting, pci_bus=bus)
 
     @staticmethod
     def _settings_host(host: Host, settings: frozenset[str], gpus: list[Gpu], driver_load: str
@@ -341,6 +348,7 @@ class GpusReconciler(Reconciler):
                     drift.append(Drift(f"gpu{g.index}.healthy", True, False if g.health == "unhealthy" else UNKNOWN))
             for pci in dict.fromkeys(e.pci for e in health.unlisted_events(observed.gpus, observed.xids)):
                 drift.append(Drift(f"gpu@{pci}.healthy", True, False))
+        drift.extend(d for d in pcibus.bus_drift(spec, observed) if d not in drift)  # the PCI bus (issue 33 §4)
         limit = spec.get("max_memory_used")
         if limit is not None:
             for g in observed.gpus:
@@ -394,6 +402,8 @@ class GpusReconciler(Reconciler):
             if f"gpu@{ev.pci}.healthy" in fields:
                 blocked.append(f"the GPU at PCI {ev.pci}, which the driver does not list, must not run jobs: "
                                f"{ev.step}. Why: {ev.describe()} [NVIDIA Xid catalogue: {ev.why}]")
+        blocked.extend(pcibus.bus_blocked(spec, observed, fields, {  # the PCI bus (issue 33 §4)
+            f"gpu@{ev.pci}.healthy" for ev in health.unlisted_events(observed.gpus, observed.xids)}))
         actions, notes, mem_blocked = memory_plan(spec, observed, fields, ctx)
         blocked.extend(mem_blocked)
         own = {d.field for d in settings_drift(spec.get("settings"), observed, bool(spec.get("healthy")))}
@@ -416,12 +426,13 @@ class GpusReconciler(Reconciler):
         converging = "; ".join(settings.pending) if settings.pending and not actions and not blocked else None
         if settings.pending and not converging:
             notes.extend(settings.pending)
+        notes.extend(pcibus.bus_notes(observed))  # the PCI bus (issue 33 §4)
         gate = gate_lines(spec.get("validate"), observed.recovery.gate if observed.recovery else None)
         message = "\n".join([*notes, *memory_lines(observed, spec), *gate, *self._xid_lines(observed)]) if drift else ""
         if (blocked or converging) and message:
             message = "\n" + message  # the report joins blocked and message on one line otherwise
         return Plan(actions=tuple(actions), blocked="\n".join(blocked) or None, converging=converging,
-                    message=message)
+                    message=message, caveats=pcibus.bus_caveats(observed))
 
     @staticmethod
     def _xid_lines(observed: GpusObserved) -> list[str]:

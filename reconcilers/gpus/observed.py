@@ -9,6 +9,7 @@ from typing import Any
 from ..containers.observed import ContainerRef
 
 MIB = 2**20
+NVIDIA_DRIVER = "nvidia"  # the kernel module's PCI driver name (nvidia.ko registers "nvidia")
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,7 @@ class GpusObserved:
     kernel_log: KernelLog | None = None
     settings_host: SettingsHost | None = None  # None: no setting declared
     recovery: RecoveryHost | None = None  # None: neither `recover` nor `validate` declared
+    pci_bus: PciBus | None = None  # the NVIDIA GPUs on the PCI bus (pcibus.py); None: not read
 
 
 @dataclass(frozen=True)
@@ -228,3 +230,30 @@ class RecoveryHost:
     # nvidia-persistenced.service as systemd reports it (read when `recover.reset` is declared): a
     # reset turns persistence mode off through it when it runs; None: not installed or not known.
     persistenced: Any = None
+
+
+@dataclass(frozen=True)
+class BusGpu:
+    """One NVIDIA display or 3D controller on the PCI bus."""
+
+    address: str  # as sysfs names it: "0000:3b:00.0"
+    device: str  # the PCI device id: "0x2330"
+    pci_class: str  # "0x030200"
+    driver: str | None  # the bound driver ("nvidia", "vfio-pci"); None: none
+
+    @property
+    def for_this_host(self) -> bool:
+        """Meant for the NVIDIA driver here: bound to it, or to nothing (its probe did not take it)."""
+        return self.driver in (None, NVIDIA_DRIVER)
+
+
+@dataclass(frozen=True)
+class PciBus:
+    """What sysfs shows of the NVIDIA GPUs on the PCI bus; `readable` False: nothing is known."""
+
+    root: str
+    readable: bool = True
+    note: str = ""  # why it is not readable
+    gpus: tuple[BusGpu, ...] = ()
+    # GPUs the driver's /proc lists other GPUs but not these: a container given some of the GPUs.
+    not_visible: tuple[str, ...] = ()
