@@ -97,6 +97,7 @@ LANE_OF_FILE = {
     "test_schema_edges.py": "pure",
     "test_seed_recovery.py": "system",
     "test_slurm.py": "system",
+    "test_slurm_gate.py": "system",
     "test_slurm_guard.py": "system",
     "test_statefile.py": "pure",
     "test_statefile_limits.py": "pure",

@@ -34,7 +34,7 @@ HEALTH_PROBE = textwrap.dedent("""
             except n.NVMLError as exc:
                 return "error: " + str(exc)
         rows = get(n.nvmlDeviceGetRemappedRows)
-        out.append({"uuid": get(n.nvmlDeviceGetUUID),
+        out.append({"uuid": get(n.nvmlDeviceGetUUID), "persistence": get(n.nvmlDeviceGetPersistenceMode),
                     "ecc_volatile": get(n.nvmlDeviceGetTotalEccErrors, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                                         n.NVML_VOLATILE_ECC),
                     "remap_pending": rows if isinstance(rows, str) else bool(rows[2])})
@@ -164,17 +164,39 @@ def test_an_allowed_holder_blocks_the_reset_naming_it(tmp_path, fake_lib, holder
     assert rig.resets() == [] and gs.proc_alive(server.pid)
 
 
-def test_persistence_mode_refuses_the_reset_with_nvidia_smis_words(tmp_path, fake_lib):
+def test_persistence_mode_is_turned_off_for_the_reset_and_on_again_after(tmp_path, fake_lib):
+    g = gpus(ecc_volatile=1)
+    g[0].persistence = g[1].persistence = 1  # as nvidia-persistenced leaves them on a real host
+    rig = Rig(tmp_path, fake_lib, g)
+    assert [x["persistence"] for x in rig.health()] == [1, 1]  # the driver's own answer
+    code, report = rig.run("apply", state())
+    assert code == 0, report
+    reset = [a for a in report["actions"] if a["action"] == "reset"][0]
+    assert reset["result"] == "done" and "persistence mode off for it through NVML" in reset["description"]
+    # In the driver's order: off on that GPU only, the reset, on again.
+    calls = [(call, gpu, args, result) for call, gpu, args, result in gs.setter_calls(rig.config)]
+    assert calls == [("nvmlDeviceSetPersistenceMode", 1, "0", "ok"), ("reset", 1, "", "ok"),
+                     ("nvmlDeviceSetPersistenceMode", 1, "1", "ok")]
+    after = rig.health()
+    assert [x["persistence"] for x in after] == [1, 1] and after[1]["ecc_volatile"] == 0
+    # Journaled: the reset's result line says what was done to persistence mode.
+    result = [e for e in rig.lines() if e.get("action") == "reset" and e["event"] == "result"][0]
+    assert result["result"] == "done" and "persistence mode was on" in result["message"]
+
+
+def test_persistence_mode_that_cannot_be_turned_off_blocks_the_reset_with_the_step(tmp_path, fake_lib):
     g = gpus(ecc_volatile=1)
     g[1].persistence = 1
+    g[1].fail = {"set_persistence": "no_permission"}
     rig = Rig(tmp_path, fake_lib, g)
     code, report = rig.run("apply", state())
-    assert code == 2
-    failed = [a for a in report["actions"] if a["action"] == "reset"]
-    assert failed[0]["result"] == "failed"
-    assert "In use by another client" in failed[0]["message"] and "a process still holds it" in failed[0]["message"]
-    assert rig.resets() == [(1, "in_use")]
-    assert rig.health()[1]["ecc_volatile"] == 1
+    assert code != 0 and report["status"] != "ok"
+    failed = [a for a in report["actions"] if a["action"] == "reset"][0]
+    assert failed["result"] == "failed"
+    assert "not reset: persistence mode is on and could not be turned off" in failed["message"]
+    assert "nvidia-smi --gpu-reset -i" in failed["message"]
+    assert [c for c in gs.setter_calls(rig.config) if c[0] == "reset"] == []  # never tried
+    assert rig.health()[1]["ecc_volatile"] == 1 and rig.health()[1]["persistence"] == 1
 
 
 def test_a_gpu_that_comes_back_just_as_broken_is_reset_once_then_needs_a_reboot(tmp_path, fake_lib):
@@ -218,6 +240,30 @@ def test_resets_are_capped_per_gpu_across_boots_until_a_person_acks(tmp_path, fa
     assert acked[0]["by"] == "alice" and acked[0]["reason"] == "reseated" and acked[0]["gpu"] == "00000000:21:00.0"
     code, report = rig.run("apply", body)
     assert code == 0 and rig.resets() == [(1, "ok"), (1, "ok")]
+
+    # `reconcile log` (text and json): the ack in its place among the runs, and each gate's result line,
+    # as the journal file has them.
+    from cli_support import run_cli
+
+    lines = rig.lines()
+    order: list[str] = []
+    for e in lines:
+        key = "ack" if e["event"] == "ack" else e.get("run") if e["event"] in ("intent", "result", "verified") else None
+        if key and key not in order:
+            order.append(key)
+    proc = run_cli(tmp_path, "log", "--journal", str(rig.journal), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    events = json.loads(proc.stdout)["events"]
+    assert [e["run"] if e["event"] == "run" else e["event"] for e in events] == order and "ack" in order
+    ack_event = next(e for e in events if e["event"] == "ack")
+    assert {k: ack_event[k] for k in ("by", "reason", "gpu", "boot")} == {k: acked[0][k] for k in ("by", "reason",
+                                                                                                  "gpu", "boot")}
+    gates = [e["message"] for e in lines if e.get("action") == "validate" and e["event"] == "result"]
+    shown = [a["message"] for e in events if e["event"] == "run" for a in e["actions"] if a["action"] == "validate"]
+    assert gates and shown == gates
+    text = run_cli(tmp_path, "log", "--journal", str(rig.journal)).stdout
+    assert "ack GPU 00000000:21:00.0 serviced, by alice: reseated" in text
+    assert all(g in text for g in gates)
 
 
 def test_a_replaced_gpu_starts_clean(tmp_path, fake_lib):
@@ -307,3 +353,34 @@ def test_without_recover_nothing_is_reset_the_step_is_named(tmp_path, fake_lib):
     code, report = rig.run("apply", "gpus:\n  count: 2\n")
     assert code == 2 and "must not run jobs: reset the GPU" in report["message"]
     assert report["actions"] == [] and rig.resets() == []
+
+
+def test_persistence_held_by_nvidia_persistenced_is_released_through_its_unit_and_restored(nsystemd, tmp_path,
+                                                                                           fake_lib):
+    """Where nvidia-persistenced runs (the stand-in daemon under the namespaced systemd, turning every
+    GPU's persistence on as the real one does), the reset stops its unit and starts it again."""
+    from cli_support import cli_env, reconcile_argv
+
+    unit = "nvidia-persistenced.service"
+    rig = Rig(tmp_path, fake_lib, gpus(ecc_volatile=1))
+    nsystemd.write_unit(unit, gs.persistenced_unit(fake_lib, rig.config, pidfile=str(tmp_path / "persistenced.pid")))
+    nsystemd.systemctl("start", unit, check=True)
+    nsystemd.wait_active(unit)
+    assert [x["persistence"] for x in rig.health()] == [1, 1]
+    argv = reconcile_argv("apply", str(gs.write_state(tmp_path, state())), "--format", "json",
+                          "--journal", str(rig.journal))
+    proc = nsystemd.run(argv, env={**cli_env(tmp_path), **gs.nvml_env(fake_lib, rig.config), **rig.env}, timeout=180)
+    report = gs.gpus_report(proc)
+    assert proc.returncode == 0, report
+    reset = [a for a in report["actions"] if a["action"] == "reset"][0]
+    assert reset["result"] == "done" and f"by stopping {unit}" in reset["description"]
+    # The daemon went (every GPU's persistence with it), the reset, the daemon again: per the fake's log.
+    calls = [(call, args, result) for call, _, args, result in gs.setter_calls(rig.config)]
+    assert calls == [("persistenced", "1", "ok"), ("persistenced", "0", "ok"), ("reset", "", "ok"),
+                     ("persistenced", "1", "ok")]
+    assert nsystemd.show(unit, "ActiveState") == "active"
+    after = rig.health()
+    assert [x["persistence"] for x in after] == [1, 1] and after[1]["ecc_volatile"] == 0
+    assert not [c for c in calls if c[0] == "nvmlDeviceSetPersistenceMode"]  # not through NVML
+    result = [e for e in rig.lines() if e.get("action") == "reset" and e["event"] == "result"][0]
+    assert f"persistence mode was on: stopped {unit}, then started {unit}" in result["message"]

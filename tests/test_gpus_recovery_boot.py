@@ -87,3 +87,18 @@ def test_a_lost_gpu_reboots_the_node_once_the_next_boot_completes_the_record_and
     assert len([e for e in lines() if e.get("action") == "reboot" and e["event"] == "intent"]) == 1
     log = (tmp_path / "boot.log").read_text()
     assert "rebooted it 1 time(s) in 24h (max_reboots 1)" in log
+
+    # `reconcile log` shows the completion after the run that asked for the reboot, in text and json.
+    from cli_support import run_cli
+
+    proc = run_cli(tmp_path, "log", "--journal", str(journal), "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    events = json.loads(proc.stdout)["events"]
+    kinds = [e["event"] for e in events]
+    assert "rebooted" in kinds and kinds.index("rebooted") > kinds.index("run")
+    shown = events[kinds.index("rebooted")]
+    assert {k: shown[k] for k in ("intent_run", "from_boot", "boot", "message")} == \
+        {k: done[0][k] for k in ("intent_run", "from_boot", "boot", "message")}
+    text = run_cli(tmp_path, "log", "--journal", str(journal)).stdout
+    assert f"rebooted up in boot {boot_b[:8]}" in text and done[0]["message"] in text
+    assert f"by run {intent[0]['run']}" in text

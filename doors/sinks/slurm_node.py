@@ -51,13 +51,14 @@ class Verdict:
     reason: str = ""  # the drain reason when not healthy, with the ownership prefix
     problems: tuple[str, ...] = ()  # the resource ids (or "state file", "internal error") found bad
     timed_out: bool = False  # no verdict within the deadline
+    gate: str = ""  # issue 33 §2: why the validation gate has not passed in this boot ("" when it has)
 
 
 def verdict_of(doc: dict[str, Any]) -> Verdict:
     """Judge a report (its JSON form): any resource blocked or error makes the node unhealthy."""
     bad = [r for r in doc.get("resources", []) if r.get("status") in BAD_STATUSES]
     if not bad:
-        return Verdict(True)
+        return Verdict(True, gate=gate_pending(doc))
     first = bad[0]
     why = next((line for line in (first.get("message") or "").splitlines() if line.strip()), first["status"])
     why = why.strip().rstrip(";").rstrip()  # the plan joins its parts with "; "
@@ -126,12 +127,36 @@ def decide(verdict: Verdict, node: NodeState) -> Decision:
         if node.out_of_service and node.reason == verdict.reason:
             return Decision("none", "already drained for this reason")
         return Decision("drain", verdict.reason)
+    if node.out_of_service and node.ours and verdict.gate:  # issue 33 §2
+        return Decision("none", f"converged, but {verdict.gate}: not resumed until it passes (`reconcile apply` "
+                                f"runs it); the drain is reconcile's ({node.reason})")
     if node.out_of_service and node.ours:
         return Decision("resume", f"converged again; the drain was reconcile's ({node.reason})")
     if node.out_of_service:
         return Decision("none", f"healthy, but out of service by someone else ({node.reason or node.state}): "
                                 "not resumed")
     return Decision("none", "healthy")
+
+
+# --- issue 33 §2: a node reconcile drained returns only once the validation gate passed in this boot ---
+
+# The gpus kind's drift field until the gate passed (reconcilers/gpus/gate.py FIELD; a kind is not imported
+# from here, tests/test_layers.py; tests/test_slurm_gate.py holds the two equal).
+GATE_FIELD = "validated"
+
+
+def gate_pending(doc: dict[str, Any]) -> str:
+    """Why `gpus.validate` has not passed in this boot, from the run's report; "" when it has, or none is
+    declared. The gpus kind derives that drift from the gate's per-boot record (gate.read_result, this
+    boot's id) and the journal's recoveries (a reset or reboot since the last pass), so the record is read
+    in one place; a failed gate is `blocked`, which the verdict already counts as unhealthy."""
+    for r in doc.get("resources", []):
+        for d in r.get("drift") or ():
+            if d.get("field") == GATE_FIELD:
+                return f"the validation gate has not passed in this boot ({d.get('have')})"
+    return ""
+
+# --- end of issue 33 §2 ---------------------------------------------------------------------------
 
 
 _STATE = re.compile(r"(?:^| )State=(\S+)")

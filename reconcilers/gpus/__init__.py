@@ -185,7 +185,8 @@ class GpusReconciler(Reconciler):
         obs = self._observe(host, spec.get("checks") or {}, declared(spec.get("settings")))
         if spec.get("recover") or spec.get("validate"):
             boot = recovery_boot_id()
-            obs = replace(obs, recovery=RecoveryHost(boot, nvswitches(), read_result(boot)))
+            unit = _persistenced(host)[0] if (spec.get("recover") or {}).get("reset") else None
+            obs = replace(obs, recovery=RecoveryHost(boot, nvswitches(), read_result(boot), unit))
         return {r.id: obs for r in resources}
 
     def _observe(self, host: Host, checks: Mapping[str, Any], settings: frozenset[str] = frozenset()) -> GpusObserved:
@@ -447,7 +448,7 @@ class GpusReconciler(Reconciler):
         if action.action == "set":
             return self._setters.set(host, action)
         if action.action == "reset":
-            return reset_gpu(host, action.params)
+            return reset_gpu(host, action.params, self._setters)
         if action.action == "reboot":
             return reboot_node(host, action.params)
         if action.action == "validate":

@@ -227,6 +227,9 @@ class RecoveryHost:
     boot_id: str = ""  # /proc/sys/kernel/random/boot_id ($RECONCILE_BOOT_ID_FILE)
     nvswitches: tuple[str, ...] = ()  # NVSwitch devices: GPUs reset only together, with the fabric manager
     gate: Any = None  # gate.GateResult of this boot; None: the gate has not run in this boot
+    # nvidia-persistenced.service as systemd reports it (read when `recover.reset` is declared): a
+    # reset turns persistence mode off through it when it runs; None: not installed or not known.
+    persistenced: Any = None
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,8 @@ from ...core.values import format_duration, parse_duration
 from .catalogue import step_rank
 from .memory import allowed, free_holder, holding
 from .observed import Gpu, GpusObserved
+from .setters import Setters, unit_action
+from .settings import PERSISTENCED
 from .xid import KERNEL_LOG_ENV, pci_key
 
 if TYPE_CHECKING:
@@ -312,11 +314,27 @@ def recovery_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[s
                                                      f"Why: {why}", *blocked])
             continue
         out.actions.extend(a for a in acts if (a.action, a.target) not in {(b.action, b.target) for b in out.actions})
-        out.actions.append(Action("reset", g.uuid, f"reset {g.label} {g.uuid} (nvidia-smi --gpu-reset): {why}",
-                                  {"bus": g.bus_id, "index": g.index, "uuid": g.uuid}))
+        how, around = persistence_around(g, observed)
+        out.actions.append(Action("reset", g.uuid, f"reset {g.label} {g.uuid} (nvidia-smi --gpu-reset{around}): {why}",
+                                  {"bus": g.bus_id, "index": g.index, "uuid": g.uuid, "persistence": how}))
     # The reboot, when there is one, is the last thing done.
     out.actions.sort(key=lambda a: a.ends_run)
     return out
+
+
+def persistence_around(g: Gpu, observed: GpusObserved) -> tuple[str, str]:
+    """How persistence mode is turned off for a reset and back on after ("unit", "nvml" or "" when it
+    is off), and the words for the plan. The driver refuses a reset while persistence mode is on ("In
+    use by another client": it counts as a client of the device; NVIDIA's nvidia-smi(1) `-r`,
+    NVIDIA/NVSentinel#1690, whose reset turns it off first). Where nvidia-persistenced.service runs,
+    persistence mode is the daemon's: it is stopped (every GPU's persistence mode goes off) and started
+    again (settings.py sets persistence through it too); else through NVML's setter, on this GPU only."""
+    if not g.persistence_mode:
+        return "", ""
+    unit = observed.recovery.persistenced if observed.recovery is not None else None
+    if unit is not None and unit.active:
+        return "unit", f"; persistence mode off for it by stopping {PERSISTENCED}, started again after"
+    return "nvml", "; persistence mode off for it through NVML, on again after"
 
 
 # --- carrying it out -----------------------------------------------------------------------------
@@ -328,7 +346,47 @@ RESET_HINTS = {"in use": "a process still holds it, or persistence mode does (nv
                "not supported": "this GPU or platform does not support a reset on its own"}
 
 
-def reset(host: Host, params: Mapping[str, Any]) -> str:
+def reset(host: Host, params: Mapping[str, Any], setters: Setters | None = None) -> str:
+    """Persistence mode off (when it is on), the reset, persistence mode as it was: what happened to
+    persistence mode is said in the result (the journal's result line)."""
+    how, index = str(params.get("persistence") or ""), params.get("index", "?")
+    if not how:
+        return _reset(host, params)
+    setters = setters or Setters()
+    bus = str(params["bus"])
+    step = (f"reset the GPU by hand: `systemctl stop {PERSISTENCED}` (or `nvidia-smi -pm 0 -i {bus}`), "
+            f"`nvidia-smi --gpu-reset -i {bus}`, then persistence mode on again")
+    try:
+        off = _persistence(host, setters, params, how, on=False)
+    except ApplyError as exc:
+        raise ApplyError(f"GPU {index}: not reset: persistence mode is on and could not be turned off ({exc}); "
+                         f"{step}") from None
+    failed: ApplyError | None = None
+    try:
+        said = _reset(host, params)
+    except ApplyError as exc:
+        failed, said = exc, str(exc)
+    try:
+        back = _persistence(host, setters, params, how, on=True)
+    except ApplyError as exc:
+        back = f"persistence mode NOT on again ({exc}): it is off until it is set (gpus.settings, or by hand)"
+    said = f"{said}; persistence mode was on: {off}, then {back}"
+    if failed is not None:
+        raise ApplyError(said, independent=failed.independent) from None
+    return said
+
+
+def _persistence(host: Host, setters: Setters, params: Mapping[str, Any], how: str, on: bool) -> str:
+    if how == "unit":
+        unit_action(host, Action("start" if on else "stop", PERSISTENCED))  # ApplyError when systemd refuses
+        return f"{'started' if on else 'stopped'} {PERSISTENCED}"
+    gpu = params.get("index")
+    return setters.set(host, Action("set", f"gpu{gpu}.persistence_mode", "",
+                                    {"gpu": gpu, "uuid": params.get("uuid"), "setting": "persistence_mode",
+                                     "value": on}))
+
+
+def _reset(host: Host, params: Mapping[str, Any]) -> str:
     bus, index = str(params["bus"]), params.get("index", "?")
     argv = ["nvidia-smi", "--gpu-reset", "-i", bus]
     try:
