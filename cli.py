@@ -319,7 +319,10 @@ def apply(file: str | None, fmt: str, verbose: bool, dry_run: bool, journal_path
 
         prefetch = Prefetch(host)
         state = load_state(path, prefetch, fmt, "apply", dry_run, sinks=sinks)
-        result = runs.diff(state, prefetch.host, command="apply", prefetch=prefetch)
+        from .pipeline.journal import Journal
+
+        result = runs.diff(state, prefetch.host, command="apply", prefetch=prefetch,
+                           history_path=Journal.at(journal_path).path)
     else:
         from .pipeline.journal import Journal
 
@@ -365,6 +368,36 @@ def log_command(journal_path: str | None, since: str | None, until: str | None, 
     if limit:
         fail("--limit needs --inventory")
     sys.exit(run_log(journal_path, since, until, resource, run_id, fmt, verbose))
+
+
+@main.command("ack")
+@click.option("--gpu", metavar="UUID|BUS_ID", help="The GPU that was serviced (its UUID, or its PCI bus id) "
+                                                    "[default: the node].")
+@click.option("--reason", required=True, metavar="WHY", help="What was done (reseated, RMA, firmware updated).")
+@click.option("--by", metavar="WHO", help="Who did it [default: $SUDO_USER, else $USER].")
+@click.option("--journal", "journal_path", type=click.Path(dir_okay=False), help="Journal file, as for apply.")
+def ack_command(gpu: str | None, reason: str, by: str | None, journal_path: str | None) -> None:
+    """Say that a GPU fault was serviced: journaled with who and why; the recovery caps and latched
+    faults of that GPU (or, without --gpu, of the node and every GPU, and a failed validation gate)
+    start again (docs/gpus.md#recovery)."""
+    from .local.host import LocalHost
+    from .pipeline.journal import Journal
+    from .pipeline.recoveries import GPU_ID_RE, ack, default_by
+
+    if gpu is not None and not GPU_ID_RE.match(gpu.strip()):
+        fail(f"--gpu: {gpu!r} is neither a GPU UUID (GPU-...) nor a PCI bus id (00000000:41:00.0)")
+    if not reason.strip():
+        fail("--reason: say what was done")
+    journal = Journal.at(journal_path)
+    try:
+        line = ack(journal, reason.strip(), (by or default_by()).strip(), gpu.strip() if gpu else None,
+                   LocalHost().machine())
+    except OSError as exc:
+        fail(f"cannot write the journal {journal.path}: {exc.strerror or exc}")
+        return
+    what = f"GPU {line['gpu']}" if line["gpu"] else "the node and its GPUs"
+    click.echo(f"acknowledged by {line['by']} at {line['time']}: {what}: {line['reason']} (the recovery caps "
+               "and latched faults start again)")
 
 
 @main.command("version")
@@ -434,9 +467,14 @@ def watch(file: str | None, interval: str, journal_path: str | None, lock_timeou
               help="Journal file, as for apply: one line per run goes there; the run's lock sits beside it.")
 @click.option("--scontrol", default="/usr/bin/scontrol", show_default=True, metavar="PATH",
               help="The scontrol to call.")
+@click.option("--max-drained", default="50%", show_default=True, metavar="N|P%",
+              help="Fleet guard: never drain while this many (or this share) of a partition of the node is "
+                   "already drained or down; 100% turns it off.")
+@click.option("--textfile", metavar="DIR", type=click.Path(file_okay=False),
+              help="Also write DIR/reconcile-slurm-health.prom for node_exporter's textfile collector.")
 @_names_which_file
 def slurm_health(file: str | None, node: str | None, do_apply: bool, deadline: str, journal_path: str | None,
-                 scontrol: str) -> None:
+                 scontrol: str, max_drained: str, textfile: str | None) -> None:
     """Slurm's HealthCheckProgram: drain the node when a resource is blocked or cannot be
     observed, resume it once converged if reconcile drained it (doors/slurm.py).
 
@@ -450,8 +488,14 @@ def slurm_health(file: str | None, node: str | None, do_apply: bool, deadline: s
     limit = parse_duration_option(deadline, "--deadline")
     if not 1 <= limit < 60:
         fail("--deadline must be at least 1s and below 60s (slurmd kills a health check after 60 s)")
+    try:
+        guard = slurm.parse_max_drained(max_drained)
+    except ValueError as exc:
+        fail(f"--max-drained: {exc}")
+    if textfile and not os.path.isdir(textfile):
+        fail(f"--textfile {textfile}: no such directory (node_exporter's --collector.textfile.directory)")
     sys.exit(slurm.health_check(slurm.Settings(resolve_state_file(file), slurm.node_name(node), journal_path,
-                                               limit, do_apply, scontrol)))
+                                               limit, do_apply, scontrol, max_drained=guard, textfile=textfile)))
 
 
 if __name__ == "__main__":

@@ -188,3 +188,10 @@ def act(host: Host, verb: str, unit: str, timeout: float) -> str:
     if verb not in VERBS:
         raise ApplyError(f"unknown unit action {verb!r}")
     return run_action(host, ["systemctl", verb, "--", unit], timeout)
+
+
+def reboot(host: Host, timeout: float) -> str:
+    """`systemctl reboot`: the init system queues the reboot job and returns (systemctl(1): without
+    --no-block it waits for the job to be queued, not done); the units are stopped in order, as at any
+    shutdown. Its output on one line, or ApplyError (refused, or past the deadline)."""
+    return run_action(host, ["systemctl", "reboot"], timeout)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -73,6 +73,9 @@ class Action:
     # whose effect the next observation may not show (a job started that exited at once: starting
     # it again would make two writers on one tree, or a crash loop). Not part of a saved plan.
     once: bool = False
+    # Carried out last in its run: once it is done nothing more is observed or acted on (a reboot
+    # was requested: the host is going down). The other resources are reported as not acted on.
+    ends_run: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"action": self.action, "target": self.target}
@@ -190,6 +193,9 @@ class Context:
 
     resources: Mapping[str, Resource] = field(default_factory=dict)
     dry_run: bool = True
+    # The journal's entries since an epoch time, newest first (what this host's applies did: the
+    # GPU recovery caps count from it); None: no journal to read.
+    history: Callable[[float], Sequence[Mapping[str, Any]]] | None = None
 
 
 class Reconciler:
@@ -217,6 +223,10 @@ class Reconciler:
         it can abandon and report, and the child runs beside the other kinds on another CPU.
         A kind that calls `host.heartbeat()` as it makes progress says so with `observe_idle`."""
         return None
+
+    # The run's context, set by the engine when it takes the reconciler: `diff` has no parameter for
+    # it, and a drift may depend on what the journal says (gpus: the validation gate after a recovery).
+    context: Context | None = None
 
     # True: the deadline is for a stretch WITHOUT progress (host.heartbeat()), not the whole
     # observation (a first integrity check of a million files takes minutes, a hung mount forever).

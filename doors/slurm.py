@@ -16,7 +16,8 @@ non-blocking lock (a run that finds another one running leaves), and a whole-run
 (NHC's watchdog) that must stay below 60 s and the interval.
 
 One line per run goes to reconcile's journal ({"event": "slurm-health", ...}) and to stdout
-(which slurmd logs when the exit status is not 0).
+(which slurmd logs when the exit status is not 0); with `--textfile DIR`, its metrics to
+DIR/reconcile-slurm-health.prom (a drain the fleet guard withheld among them, for the alert).
 """
 
 from __future__ import annotations
@@ -33,23 +34,32 @@ from ..core.contract import utc_iso
 # The verdict, the decision and scontrol: the sink's (names kept here for the tests and docs).
 from .sinks.slurm_node import (  # noqa: F401
     BAD_STATUSES,
+    FLEET_OUT_OF_SERVICE,
     MAX_REASON,
     OWNER,
     Decision,
+    MaxDrained,
     NodeState,
+    PartitionCount,
     Scontrol,
     SlurmError,
     SlurmNode,
     Verdict,
+    count_partitions,
     decide,
+    fleet_guard,
     judge,
     one_line,
+    parse_max_drained,
     parse_node,
+    parse_nodes,
     reason_text,
     verdict_of,
 )
 
 DEFAULT_DEADLINE = 45.0
+DEFAULT_MAX_DRAINED = "50%"  # NVSentinel's breaker default (fault-quarantine circuitBreaker.percentage)
+TEXTFILE_NAME = "reconcile-slurm-health.prom"  # beside the watch's reconcile.prom, never over it
 SCONTROL = "/usr/bin/scontrol"
 SANE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -68,6 +78,8 @@ class Settings:
     apply: bool = False
     scontrol: str = SCONTROL
     log: IO[str] | None = None
+    max_drained: MaxDrained | None = None  # the fleet guard; None: none
+    textfile: str | None = None  # a directory for TEXTFILE_NAME
 
 
 def check_budget(deadline: float) -> float:
@@ -92,8 +104,13 @@ def health_check(s: Settings) -> int:
             journal(line)
         except OSError as exc:
             out.write(f"reconcile slurm-health: cannot write the journal {journal.path}: {exc.strerror}\n")
+        if line["verdict"] != "skipped" and s.textfile:
+            _write_metrics(s.textfile, line, out)
         words = [f"{k}={line[k]}" for k in ("verdict", "action") if k in line]
-        detail = line.get("reason") or line.get("why") or ""
+        if line.get("action") == "withheld":
+            detail = f"{line['why']}; the drain would say: {line['reason']}"
+        else:
+            detail = line.get("reason") or line.get("why") or ""
         out.write(f"reconcile slurm-health: node {s.node}: {' '.join(words)}{': ' + detail if detail else ''}\n")
         out.flush()
         return code
@@ -115,7 +132,7 @@ def health_check(s: Settings) -> int:
             line["note"] = note
         if verdict.timed_out:
             line["verdict"] = "timeout"
-        sink = SlurmNode(s.node, Scontrol(s.scontrol, mono0 + s.deadline))
+        sink = SlurmNode(s.node, Scontrol(s.scontrol, mono0 + s.deadline), s.max_drained)
         try:
             sink.act(verdict)
         except SlurmError as exc:
@@ -127,6 +144,43 @@ def health_check(s: Settings) -> int:
         guard.release()
         if line.get("verdict") == "timeout":
             _end_stuck_run(out)
+
+
+def health_metrics(line: dict[str, Any]) -> str:
+    """The metrics of one run (its journal line) for node_exporter's textfile collector. What the
+    run did not learn is left out, never 0: the partitions only when the guard counted them,
+    the withheld drain only when Slurm was told something (not when scontrol failed)."""
+    from ..views.prometheus import Metrics
+
+    node = {"node": line["node"]}
+    m = Metrics()
+    m.family("reconcile_slurm_health_drain_withheld", "gauge",
+             "1 when the last slurm-health run would have drained the node but the fleet guard "
+             "(--max-drained) withheld it: the node is unhealthy and still takes jobs.")
+    if line.get("action") in ("none", "drain", "resume", "withheld"):
+        m.add("reconcile_slurm_health_drain_withheld", line["action"] == "withheld", node)
+    for name, key, help_text in (
+            ("reconcile_slurm_health_partition_nodes", "nodes", "Nodes in the partition, as the fleet guard counted."),
+            ("reconcile_slurm_health_partition_out_of_service_nodes", "out_of_service",
+             "Other nodes of the partition drained, down, failing, not responding or rebooting."),
+            ("reconcile_slurm_health_partition_drain_limit_nodes", "limit",
+             "Out-of-service nodes of the partition at which the fleet guard withholds a drain.")):
+        m.family(name, "gauge", help_text)
+        for part in line.get("partitions", []):
+            m.add(name, part[key], {**node, "partition": part["partition"]})
+    m.family("reconcile_slurm_health_last_run_timestamp_seconds", "gauge",
+             "When the last slurm-health run ended (Unix time).")
+    m.add("reconcile_slurm_health_last_run_timestamp_seconds", round(time.time(), 3), node)
+    return m.text()
+
+
+def _write_metrics(directory: str, line: dict[str, Any], out: IO[str]) -> None:
+    from .sinks.textfile import write_textfile
+
+    try:
+        write_textfile(directory, health_metrics(line), TEXTFILE_NAME)
+    except OSError as exc:
+        out.write(f"reconcile slurm-health: cannot write {directory}/{TEXTFILE_NAME}: {exc.strerror or exc}\n")
 
 
 def _run_check(s: Settings, by: float, journal: Any) -> tuple[Verdict, str]:

@@ -398,10 +398,11 @@ class LocalHost:
         """Which machine this is: its hostname, systemd's /etc/machine-id (machine-id(5): written
         once at install, so a recreated VM has a new one) and the kernel's boot id
         (proc(5): /proc/sys/kernel/random/boot_id, new at every boot). What cannot be read is
-        None, never a made-up value. $RECONCILE_MACHINE_ID_FILE names another file (tests)."""
+        None, never a made-up value. $RECONCILE_MACHINE_ID_FILE and $RECONCILE_BOOT_ID_FILE name other
+        files (tests; the kinds' boot records read the same boot id file)."""
         return {"hostname": self.hostname(),
                 "machine_id": _first_line(os.environ.get("RECONCILE_MACHINE_ID_FILE") or "/etc/machine-id"),
-                "boot_id": _first_line("/proc/sys/kernel/random/boot_id")}
+                "boot_id": _first_line(os.environ.get("RECONCILE_BOOT_ID_FILE") or "/proc/sys/kernel/random/boot_id")}
 
     def signal(self, pid: int, sig: int) -> None:
         # The last line of defence for "never PID 1, never ourselves", whatever a plan says.

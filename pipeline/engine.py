@@ -164,17 +164,22 @@ class Prefetch:
 class Engine:
     def __init__(self, state: LoadedState, host: Host | None = None,
                  journal: Callable[[dict[str, Any]], None] | None = None,
-                 clock: Callable[[], float] = time.time, prefetch: Prefetch | None = None):
+                 clock: Callable[[], float] = time.time, prefetch: Prefetch | None = None,
+                 history_path: str | os.PathLike | None = None):
         self.state = state
         self.host = host or LocalHost()
         self.prefetch = prefetch
         self.journal = journal
         self.clock = clock
         self._reconcilers: dict[str, Reconciler] = {}
-        self.ctx = Context(resources=state.by_id)
+        # The journal the kinds read their history from (GPU recovery caps): the one written, else
+        # HISTORY_PATH, else the default journal (diff reads what apply wrote).
+        self.history_path = getattr(journal, "path", None) or history_path
+        self.ctx = Context(resources=state.by_id, history=self._history)
         self.run_id = os.urandom(6).hex()  # ties a run's journal lines together
         self.journal_error = ""
         self.machine: dict[str, Any] | None = None  # machine_of(host), read when a run starts
+        self.ending = ""  # an `ends_run` action was carried out (a reboot requested): why nothing more is done
 
     def reconciler(self, resource: Resource) -> Reconciler:
         key = key_of(resource.kind)
@@ -182,6 +187,7 @@ class Engine:
             raise KeyError(f"no kind {resource.kind!r} in the registry (reconcilers/__init__.py)")
         if key not in self._reconcilers:
             self._reconcilers[key] = reconciler_for(key)
+            self._reconcilers[key].context = self.ctx
         return self._reconcilers[key]
 
     # --- observe ---------------------------------------------------------------------
@@ -352,6 +358,11 @@ class Engine:
         final: dict[str, ResourceReport] = {}
 
         for r in self.state.resources:
+            if self.ending:
+                final[r.id] = ResourceReport(r, Status.CONVERGING, message=f"not observed or acted on: {self.ending}")
+                if on_result:
+                    on_result(final[r.id])
+                continue
             try:
                 if host_changed:
                     # Something acted since this was observed (a unit stop frees GPUs): look again,
@@ -434,8 +445,17 @@ class Engine:
                 pass_results.append(done)
                 if action.once:
                     once_done.add((action.action, action.target))
+                if action.ends_run and done.result is Result.DONE:
+                    self.ending = f"{action.description or action.action} was requested ({done.message})"
+                    stop = True
                 if stop:
                     break
+            if self.ending:  # the host is going down: nothing more is observed or done
+                results.extend(pass_results)
+                results.extend(ActionResult(a, Result.SKIPPED) for a in actions
+                               if id(a) not in {id(p.action) for p in pass_results})
+                return ResourceReport(r, Status.CONVERGING, tuple(drift), tuple(results), self.ending, obs,
+                                      rec.summary(r, obs), plan.caveats), True
             obs = self._verify(r)
             after = None if isinstance(obs, ObserveError) else to_plain(obs)
             if pass_results and not self.journal_error:
@@ -488,7 +508,23 @@ class Engine:
             self._progress(waiting, r.settle - (deadline - time.monotonic()), r.settle, "s")
             time.sleep(min(SETTLE_POLL, max(0.0, deadline - time.monotonic())))
 
+    def _history(self, since: float) -> list[dict[str, Any]]:
+        """The journal's entries since SINCE (epoch seconds), newest first: what the kinds may know of
+        what earlier runs did (Context.history)."""
+        if isinstance(self.journal, ActionLog):
+            return [e for e in reversed(self.journal.entries) if (_when(e) or 0.0) >= since]
+        from pathlib import Path
+
+        from ..core.paths import default_journal_path
+        from .journal_read import read_newest_first
+
+        path = Path(self.history_path or default_journal_path())
+        return [e for e in read_newest_first(path, since) if (_when(e) or since) >= since]
+
     def _line(self, event: str, r: Resource, action: Action, when: float, **extra: Any) -> dict[str, Any]:
+        boot = (self.machine or {}).get("boot_id")
+        if boot:  # which boot it was done in: a reboot's intent and what came of it are in two boots
+            extra = {"boot": boot, **extra}
         return {"event": event, "time": utc_iso(when, millis=True), "run": self.run_id, "pid": os.getpid(),
                 "resource": r.id, "action": action.action, "target": action.target,
                 "description": action.description, **{k: (utc_iso(v, millis=True) if k == "started" else v)
@@ -504,6 +540,12 @@ class Engine:
         except OSError as exc:
             self.journal_error = f"the journal cannot be written ({exc.strerror or exc})"
         return self.journal_error
+
+
+def _when(entry: Mapping[str, Any]) -> float | None:
+    from .journal_read import parse_time
+
+    return parse_time(entry.get("time"))
 
 
 @dataclass

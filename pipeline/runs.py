@@ -31,11 +31,13 @@ if TYPE_CHECKING:
 
 
 def diff(state: LoadedState, host: Host | None = None, *, command: str = "diff",
-         prefetch: Prefetch | None = None) -> RunReport | Refusal:
-    """Observe and plan; change nothing, take no lock. `command` "apply": a dry run's report."""
+         prefetch: Prefetch | None = None, history_path: str | Path | None = None) -> RunReport | Refusal:
+    """Observe and plan; change nothing, take no lock. `command` "apply": a dry run's report.
+    `history_path`: the journal the plan's recovery caps are counted from (the default one's
+    otherwise), as an apply with that journal would count them."""
     from .engine import Engine, HostMismatch
 
-    engine = Engine(state, host, prefetch=prefetch)
+    engine = Engine(state, host, prefetch=prefetch, history_path=history_path)
     try:
         return engine.diff(command=command)
     except HostMismatch as exc:  # the state file pins another machine-id
@@ -75,12 +77,29 @@ def apply(state: LoadedState, host: Host | None, journal: Callable[[dict[str, An
                 refused = before(engine.diff(command="apply"))
                 if refused is not None:
                     return refused
-            return engine.apply(on_result=on_result, only=only)
+            report = engine.apply(on_result=on_result, only=only)
+            _complete_reboots(journal, engine, report)
+            return report
         except HostMismatch as exc:  # another hostname (the `host:` glob) or machine-id
             return Refusal(exc.reason, str(exc), engine.machine or machine_of(engine.host))
     finally:
         if lock is not None:
             lock.release()
+
+
+def _complete_reboots(journal: Any, engine: Any, report: RunReport) -> None:
+    """The first apply of a boot completes the journal's record of a reboot reconcile requested in
+    the boot before (pipeline/recoveries.py), under the same lock."""
+    if getattr(journal, "path", None) is None:
+        return  # a journal-less engine (tests) or an in-memory log: there is no record to complete
+    from .recoveries import complete_reboots
+
+    try:
+        complete_reboots(journal, engine.machine or {}, report)
+    except OSError as exc:
+        import sys
+
+        print(f"reconcile: warning: the reboot's completion cannot be journaled: {exc}", file=sys.stderr)
 
 
 @dataclass(frozen=True)

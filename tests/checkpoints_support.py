@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_support import report_of, run_cli
+from cli_support import reconcile_json
 from torch_support import torch_python
 
 SCRIPT = str(Path(__file__).with_name("ckpt_frameworks.py"))
@@ -86,25 +86,19 @@ def state(tmp: Path, name: str, run: Path, **extra) -> Path:
     return path
 
 
-def env(tmp: Path) -> dict[str, str]:
-    """The check records (reconcilers/checkpoints/records.py) and the journal kept in the test's
-    own directory: each diff and apply of a test reuses what the one before checked, as a user's."""
-    return {"RECONCILE_STATE_DIR": str(tmp / "state")}
-
-
 def observed(tmp: Path, state_file: Path) -> dict:
     """`reconcile diff -v --format json`: the one resource's report entry."""
-    proc = run_cli(tmp, "diff", "-v", "--format", "json", str(state_file), timeout=300, **env(tmp))
-    assert proc.returncode in (0, 2), proc.stderr
-    (res,) = report_of(proc)["resources"]
+    code, doc, stderr = reconcile_json(tmp, "diff", "-v", str(state_file), timeout=300)
+    assert code in (0, 2), stderr
+    (res,) = doc["resources"]
     return res
 
 
 def apply(tmp: Path, state_file: Path) -> dict:
-    proc = run_cli(tmp, "apply", "--format", "json", "--journal", str(tmp / "state" / "journal.jsonl"),
-                   str(state_file), timeout=300, **env(tmp))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (res,) = report_of(proc)["resources"]
+    """`reconcile apply --format json` with its journal in TMP: the one resource's report entry."""
+    code, doc, stderr = reconcile_json(tmp, "apply", str(state_file), timeout=300)
+    assert code == 0, (doc, stderr)
+    (res,) = doc["resources"]
     return res
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 
 def reconcile_argv(*args: str) -> list[str]:
@@ -31,6 +32,41 @@ def run_cli(tmp: Path, *args: str, cwd: Path | None = None, timeout: float = 60,
 
 def report_of(proc) -> dict:
     return json.loads(proc.stdout)
+
+
+class JsonRun(NamedTuple):
+    code: int  # the exit status
+    doc: dict | None  # the JSON report; None when stdout is not one
+    stderr: str
+
+
+def reconcile_json(tmp: Path, *args: str, runner=None, cwd: Path | str | None = None, timeout: float = 120,
+                   input: str | None = None, **env: str) -> JsonRun:
+    """`reconcile ARGS --format json` as a user runs it, with its files in TMP: an apply gets the
+    journal TMP/journal.jsonl (unless ARGS name one), the cache and the kinds' state directory
+    are TMP/cache and TMP/state (unless ENV names them). RUNNER: a NamespacedSystemd to run it in
+    (tests/nsystemd.py). A traceback on stderr fails the test: reconcile never prints one."""
+    argv = list(args)
+    if not any(a == "--format" or a.startswith("--format=") for a in argv):
+        argv += ["--format", "json"]
+    if argv[0] == "apply" and not any(a == "--journal" or a.startswith("--journal=") for a in argv):
+        argv += ["--journal", str(Path(tmp) / "journal.jsonl")]
+    full_env = cli_env(Path(tmp), **{"RECONCILE_STATE_DIR": str(Path(tmp) / "state"), **env})
+    if runner is not None:
+        proc = runner.run(reconcile_argv(*argv), env=full_env, timeout=timeout, input=input,
+                          cwd=None if cwd is None else str(cwd))
+        stdout, stderr = proc.stdout, proc.stderr
+    else:  # bytes: a report or a message may carry any byte a path holds
+        proc = subprocess.run(reconcile_argv(*argv), capture_output=True, timeout=timeout, cwd=cwd or tmp,
+                              env=full_env, input=None if input is None else input.encode(),
+                              stdin=subprocess.DEVNULL if input is None else None)
+        stdout, stderr = proc.stdout, proc.stderr.decode(errors="replace")
+    assert "Traceback" not in stderr, stderr
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        doc = None
+    return JsonRun(proc.returncode, doc, stderr)
 
 
 # --- the CLI inside the namespaced systemd (tests/nsystemd.py) ---------------------------
@@ -68,9 +104,9 @@ class NsCli:
         return self.nsd.run(reconcile_argv(*args), env=cli_env(self.tmp, **env), timeout=timeout)
 
     def json(self, *args: str):
-        proc = self(*args, "--format", "json")
-        assert proc.stdout, proc.stderr
-        return proc.returncode, json.loads(proc.stdout)
+        code, doc, stderr = reconcile_json(self.tmp, *args, runner=self.nsd)  # the journal: self.journal
+        assert doc is not None, stderr
+        return code, doc
 
     def journal_lines(self) -> list[dict]:
         if not self.journal.exists():

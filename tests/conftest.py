@@ -7,9 +7,140 @@ default "prepend" import mode, as tests/ has no __init__.py).
 from __future__ import annotations
 
 import os
+from collections import Counter
+from pathlib import Path
 
 import pytest
 from nsystemd import NamespacedSystemd
+
+# -- the lanes (docs/testing.md#lanes) ---------------------------------------------------------
+# pure: no host touched: data in (dataclasses, state files, files in a temporary directory),
+#   drift, plan, report or error out; runs anywhere, no root.
+# reference: expected answers from upstream: its test tables, outputs captured from the real
+#   programs (tests/data/<kind>/, with provenance), or its tool run offline (findmnt --tab-file,
+#   systemctl --root); no root, no daemon.
+# system: the CLI or a kind against real components: the namespaced systemd, mount namespaces,
+#   FUSE, real processes and daemons (sshd, dockerd, podman, slurmctld, Prometheus), the fake
+#   NVML built with gcc, torch and the training frameworks; as root in CI.
+# Every test file names its lane here (a file missing from the table fails the collection, so a
+# new file must choose); a test that belongs to another lane than its file's carries that lane's
+# marker itself (@pytest.mark.system). `pytest -m "not system"` is the inner loop.
+LANES = ("pure", "reference", "system")
+LANE_OF_FILE = {
+    "test_add_a_format.py": "pure",
+    "test_add_a_kind.py": "pure",
+    "test_add_a_sink.py": "pure",
+    "test_ansible.py": "system",
+    "test_checkpoints.py": "pure",  # the Megatron tests (real torch) are marked system
+    "test_checkpoints_accelerate.py": "system",
+    "test_checkpoints_frameworks.py": "system",
+    "test_cli_manners.py": "pure",
+    "test_containers.py": "system",
+    "test_containers_plan.py": "reference",
+    "test_containers_podman.py": "system",
+    "test_containers_units.py": "system",
+    "test_crash.py": "system",
+    "test_docs.py": "system",
+    "test_engine.py": "pure",
+    "test_extractions.py": "system",
+    "test_extractions_integrity.py": "system",
+    "test_extractions_job.py": "system",
+    "test_extractions_parallel.py": "system",
+    "test_extractions_plan.py": "pure",
+    "test_extractions_quarantine.py": "system",
+    "test_extractions_torch.py": "system",
+    "test_extractions_zero_tail.py": "system",
+    "test_fakenvml_abi.py": "reference",
+    "test_fast_diff.py": "pure",
+    "test_fuzz_files.py": "pure",
+    "test_fuzz_statefile.py": "pure",
+    "test_gitops.py": "system",  # the two schema tests are marked pure
+    "test_gpus.py": "system",
+    "test_gpus_boot.py": "system",
+    "test_gpus_containers.py": "system",
+    "test_gpus_corpus.py": "reference",
+    "test_gpus_kernel_log.py": "system",
+    "test_gpus_nvml.py": "system",
+    "test_gpus_plan.py": "pure",
+    "test_gpus_recovery.py": "system",
+    "test_gpus_pcibus.py": "system",
+    "test_gpus_recovery_boot.py": "system",
+    "test_gpus_settings.py": "system",
+    "test_gpus_settings_plan.py": "pure",
+    "test_gpus_temperature.py": "system",
+    "test_gpus_xid.py": "reference",
+    "test_hardening.py": "pure",
+    "test_hardware_suite.py": "system",
+    "test_host_doubles.py": "pure",
+    "test_inventory.py": "system",
+    "test_journal.py": "pure",
+    "test_junit_report.py": "system",  # the in-memory rendering tests are marked pure
+    "test_kind_metrics.py": "system",
+    "test_layers.py": "pure",
+    "test_log.py": "system",
+    "test_mounts.py": "system",
+    "test_mounts_kernel.py": "system",
+    "test_mounts_mount8.py": "system",
+    "test_mounts_plan.py": "pure",
+    "test_mounts_tables.py": "reference",
+    "test_mounts_trust.py": "system",
+    "test_nsystemd.py": "system",
+    "test_progress.py": "pure",
+    "test_prometheus.py": "system",
+    "test_prometheus_alerts.py": "system",
+    "test_prometheus_live.py": "system",
+    "test_refusals.py": "system",
+    "test_remote.py": "system",
+    "test_report_text.py": "pure",
+    "test_runs.py": "pure",
+    "test_saved_plan.py": "system",
+    "test_schema_edges.py": "pure",
+    "test_seed_recovery.py": "system",
+    "test_slurm.py": "system",
+    "test_slurm_gate.py": "system",
+    "test_slurm_guard.py": "system",
+    "test_statefile.py": "pure",
+    "test_statefile_limits.py": "pure",
+    "test_units.py": "system",
+    "test_units_differential.py": "system",
+    "test_units_plan.py": "pure",
+    "test_units_trust.py": "system",
+    "test_units_unitfiles.py": "reference",
+    "test_vocabulary.py": "pure",
+    "test_watch.py": "system",
+    "hardware/test_hardware.py": "system",
+}
+_TESTS = Path(__file__).parent
+
+
+def lane_of(item) -> str:
+    """The test's own lane marker, else its file's lane in LANE_OF_FILE."""
+    own = {m.name for m in item.iter_markers() if m.name in LANES}
+    if len(own) > 1:
+        raise pytest.UsageError(f"{item.nodeid}: in {len(own)} lanes ({', '.join(sorted(own))}); a test is in one")
+    if own:
+        return own.pop()
+    rel = Path(item.path).relative_to(_TESTS).as_posix() if Path(item.path).is_relative_to(_TESTS) else None
+    lane = LANE_OF_FILE.get(rel)
+    if lane not in LANES:
+        raise pytest.UsageError(f"{rel or item.path}: no lane; add it to LANE_OF_FILE in tests/conftest.py "
+                                f"as one of {', '.join(LANES)} (docs/testing.md#lanes)")
+    return lane
+
+
+_LANE_OF_TEST: dict[str, str] = {}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers added here
+def pytest_collection_modifyitems(items):
+    for item in items:
+        _LANE_OF_TEST[item.nodeid] = lane = lane_of(item)
+        item.add_marker(lane)
+
+
+# Each lane's share of the run, printed at the end (CI's log keeps it; docs/testing.md#lanes).
+_LANE_SECONDS: Counter = Counter()
+_LANE_TESTS: Counter = Counter()
 
 # -- a real systemd in a PID+mount+UTS namespace (tests/nsystemd.py) ----------
 
@@ -41,6 +172,10 @@ _SKIPPED_IN_CI: list[str] = []
 
 
 def pytest_runtest_logreport(report):
+    lane = _LANE_OF_TEST.get(report.nodeid)
+    if lane:
+        _LANE_SECONDS[lane] += report.duration
+        _LANE_TESTS[lane] += report.when == "call" or (report.when == "setup" and report.skipped)
     if report.skipped and os.environ.get("CI"):
         reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else str(report.longrepr)
         if "[ci-ok]" not in reason:
@@ -53,6 +188,10 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if _LANE_TESTS:
+        terminalreporter.write_line("lanes: " + "; ".join(
+            f"{lane} {_LANE_TESTS[lane]} tests {_LANE_SECONDS[lane]:.0f}s" for lane in LANES if _LANE_TESTS[lane])
+            + " (setup, call and teardown)")
     if _SKIPPED_IN_CI:
         terminalreporter.section("tests skipped under CI=true (not allowed)", red=True)
         for line in _SKIPPED_IN_CI:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -51,25 +49,6 @@ def env_for(tmp: Path) -> dict[str, str]:
     env["RECONCILE_STATE_DIR"] = str(tmp / "state")
     env.pop("RECONCILE_STATE", None)
     return env
-
-
-def cli(tmp: Path, *args: str, runner=None, timeout: float = 60, env: dict[str, str] | None = None,
-        ) -> tuple[int, dict | None, str]:
-    """Run `reconcile ARGS --format json` (apply gets a journal in tmp); return (rc, report, stderr).
-    `runner` is a NamespacedSystemd to run it inside that namespace; `env` adds variables."""
-    argv = [sys.executable, "-m", "reconcile_host", *args, "--format", "json"]
-    if args[0] == "apply":
-        argv += ["--journal", str(tmp / "journal.jsonl")]
-    full_env = {**env_for(tmp), **(env or {})}
-    if runner is not None:
-        proc = runner.run(argv, env=full_env, timeout=timeout)
-    else:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=tmp)
-    try:
-        report = json.loads(proc.stdout)
-    except ValueError:
-        report = None
-    return proc.returncode, report, proc.stderr
 
 
 def resource(report: dict, rid: str = "extraction:eagle3") -> dict:

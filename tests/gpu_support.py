@@ -88,6 +88,7 @@ class FakeGpu:
     error: str = ""  # lost, reset_required, unknown, no_permission
     error_on: tuple[str, ...] = ()  # call names, "all" (the default with an error) or "handle"
     bus: str | None = None  # default 00000000:<11 + 16 i>:00.0
+    broken: bool = False  # a reset does not mend it: its faults read the same after one
     # Settings keys of tests/fakenvml/fakenvml_settings.c, verbatim: power_limit_mw, compute_mode,
     # mem_clocks, gr_clocks, clock_gr, ecc, ecc_pending, mig_pending, ... (milliwatts, MHz).
     settings: dict[str, object] = field(default_factory=dict)
@@ -117,6 +118,12 @@ class FakeConfig:
     cuda: int = 13010  # CUDA_VERSION encoding: 13.1
     init_error: str = ""  # lib_rm_mismatch, no_permission, driver_not_loaded
     hang_init_s: int = 0  # nvmlInit blocks this long, as on a wedged driver
+    # The PCI bus (tests/pci_support.py), written beside the config (pci_root): the devices of a real
+    # capture (tests/data/gpus/pci/) with its GPUs replaced by one at each listed GPU's bus id.
+    pci_host: str = "gpud__azure-8x-a100__lspci-nn.txt"  # pci_support.DEFAULT_HOST
+    off_bus: tuple[int, ...] = ()  # GPUs the fake NVML lists that the bus does not show
+    bus_only: tuple[tuple[str, str | None], ...] = ()  # (slot, driver) of GPUs on the bus NVML does not list
+    pci_tree: bool = True  # False: no tree at all (sysfs cannot be read)
 
     def text(self) -> str:
         head = f"driver version={self.driver} cuda={self.cuda}"
@@ -153,6 +160,8 @@ class FakeConfig:
                 parts.append(f"lose_on={g.lose_on}")
             if g.hang_on:
                 parts.append(f"hang_on={g.hang_on}")
+            if g.broken:
+                parts.append("broken=1")
             lines.append("gpu " + " ".join(parts))
         for h in self.holders:
             parts = [f"mib={h.mib}", "gpus=" + ",".join(str(g) for g in h.gpus),
@@ -167,14 +176,56 @@ class FakeConfig:
             lines.append("holder " + " ".join(parts))
         return "\n".join(lines) + "\n"
 
-    def write(self, path: Path) -> Path:
-        path.write_text(self.text())
+    def write(self, path: Path, whole: bool = False) -> Path:
+        """The config at PATH and its PCI bus beside it (pci_root). WHOLE: the config replaced by a
+        rename, so that a reader never sees half of it (a watch or slurmd's health check running)."""
+        if whole:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(self.text())
+            os.replace(tmp, path)
+        else:
+            path.write_text(self.text())
+        # The bus: a new tree each time, swapped in by renaming a link over CONFIG.pci, so that a
+        # reconcile reading it while a test rewrites the config (a watch, slurmd's health check)
+        # sees the old tree or the new one, never a half-written one. Old trees stay (tmp_path).
+        link = Path(f"{path}.pci")
+        if link.is_dir() and not link.is_symlink():
+            shutil.rmtree(link)
+        if self.pci_tree:
+            import pci_support
+
+            tree = Path(f"{path}.pci-{uuid.uuid4().hex[:12]}")
+            pci_support.write_tree(tree / "sys", self.bus_devices())
+            swap = Path(f"{tree}.link")
+            swap.symlink_to(tree.name)
+            os.replace(swap, link)
+        elif link.is_symlink():
+            link.unlink()
         return path
+
+    def bus_devices(self) -> list:
+        """The PCI devices of the fake's bus: the capture PCI_HOST's, its GPUs replaced by one at each
+        listed GPU's bus id (bar off_bus) bound to nvidia, and one at each bus_only slot."""
+        import pci_support
+
+        gpus = [(slot_of(g.bus or bus_of(i)), "nvidia") for i, g in enumerate(self.gpus) if i not in self.off_bus]
+        return pci_support.bus_with_gpus(self.pci_host, [*gpus, *self.bus_only])
 
 
 def bus_of(i: int) -> str:
     """The fake's default PCI bus id of GPU i (00000000:11:00.0, 00000000:21:00.0, ...)."""
     return f"00000000:{0x11 + i * 0x10:02X}:00.0"
+
+
+def slot_of(bus_id: str) -> str:
+    """NVML's bus id (00000000:11:00.0) as sysfs names the device (0000:11:00.0)."""
+    domain, rest = bus_id.lower().split(":", 1)
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+def pci_root(config: Path | str) -> Path:
+    """The fake's /sys/bus/pci (RECONCILE_SYSFS_PCI), beside its config."""
+    return Path(f"{config}.pci") / "sys" / "bus" / "pci"
 
 
 def pci_of(i: int) -> str:
@@ -197,6 +248,9 @@ def nvml_env(libdir: Path | None, config: Path | None) -> dict[str, str]:
         env["LD_LIBRARY_PATH"] = str(libdir)
     if config is not None:
         env["FAKE_NVML_CONFIG"] = str(config)
+        env["RECONCILE_SYSFS_PCI"] = str(pci_root(config))  # the fake's PCI bus, not this machine's
+        # Nor this machine's /proc/driver/nvidia/gpus (a lent GPU host has one): the fake has none.
+        env["RECONCILE_NVIDIA_PROC_DIR"] = f"{config}.proc-driver-nvidia-gpus"
         klog = Path(config).parent / "empty-kern.log"
         klog.touch()
         env["RECONCILE_KERNEL_LOG"] = str(klog)
@@ -289,19 +343,20 @@ def write_state(tmp: Path, body: str) -> Path:
     return path
 
 
+def gpus_of(report: dict) -> dict:
+    return next(r for r in report["resources"] if r["id"] == "gpus")
+
+
 def gpus_report(proc) -> dict:
     from cli_support import report_of
 
     assert "Traceback" not in proc.stderr, proc.stderr
-    report = report_of(proc)
-    return next(r for r in report["resources"] if r["id"] == "gpus")
+    return gpus_of(report_of(proc))
 
 
-def cli(tmp: Path, lib: Path | None, config: Path | None, *args: str, **env: str):
-    """The CLI on this host with the fake NVML (or none) in its environment. The kernel log is an
-    empty file unless the test gives one: what this machine's dmesg holds is not the test's input."""
-    from cli_support import run_cli
-
+def fake_nvml_env(tmp: Path, lib: Path | None, config: Path | None, **env: str) -> dict[str, str]:
+    """What the CLI's environment adds for the fake NVML (or none). The kernel log is an empty
+    file unless the test gives one: what this machine's dmesg holds is not the test's input."""
     extra = nvml_env(lib, config)
     if lib is None:
         extra["LD_LIBRARY_PATH"] = ""
@@ -310,7 +365,22 @@ def cli(tmp: Path, lib: Path | None, config: Path | None, *args: str, **env: str
         klog.touch()
         env["RECONCILE_KERNEL_LOG"] = str(klog)
     env.setdefault("RECONCILE_STATE_DIR", str(tmp / "state"))  # the locked-clock record, never /var/lib
-    return run_cli(tmp, *args, **{**extra, **env})
+    return {**extra, **env}
+
+
+def cli(tmp: Path, lib: Path | None, config: Path | None, *args: str, **env: str):
+    """The CLI on this host with the fake NVML (or none) in its environment (fake_nvml_env)."""
+    from cli_support import run_cli
+
+    return run_cli(tmp, *args, **fake_nvml_env(tmp, lib, config, **env))
+
+
+def cli_json(tmp: Path, lib: Path | None, config: Path | None, *args: str, runner=None, **env: str):
+    """`reconcile ARGS --format json` with the fake NVML (cli_support.reconcile_json; RUNNER: a
+    namespaced systemd to run it in): code, report, stderr."""
+    from cli_support import reconcile_json
+
+    return reconcile_json(tmp, *args, runner=runner, **fake_nvml_env(tmp, lib, config, **env))
 
 
 # --- settings: what the fake driver holds, what was called, resets and reboots ----------------------
@@ -338,7 +408,10 @@ def _ctypes_call(lib: Path, config: Path, expr: str) -> int:
 
 def reset_gpu(lib: Path, config: Path, index: int) -> int:
     """What `nvidia-smi -r -i INDEX` does to the fake: a pending MIG mode becomes current, clocks set on
-    it are lost; refused (19, NVML_ERROR_IN_USE) while a process holds it. Returns NVML's code."""
+    it are lost, volatile ECC counts, pending remaps and retirements and the recovery action are cleared
+    (unless the GPU is `broken`); refused (19, NVML_ERROR_IN_USE) while a process holds it or persistence
+    mode is on, and (15, GPU_IS_LOST) for a lost GPU. Returns NVML's code. tests/fakenvml/bin/nvidia-smi
+    is the same as a command, with nvidia-smi's words."""
     return _ctypes_call(lib, config, f"lib.fake_nvml_reset_gpu({int(index)})")
 
 

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cli_support import reconcile_json
+
 T = os.environ["T"]
 TB = os.fsencode(T)
 FACTS: dict[str, Any] = {}
@@ -96,24 +98,21 @@ def state(mounts: dict[str, dict], name: str = "state.yaml") -> str:
     return p
 
 
-def reconcile(command: str, state_file: str, *args: str) -> tuple[int, dict[str, dict], bytes]:
-    """`reconcile COMMAND STATE --format json`: exit code, resources by id, stderr."""
-    extra = ["--journal", os.path.join(T, "journal.jsonl")] if command == "apply" else []
-    r = subprocess.run([sys.executable, "-m", "reconcile_host", command, *extra, state_file, "--format", "json",
-                        *args], capture_output=True, stdin=subprocess.DEVNULL)
-    try:
-        doc = json.loads(r.stdout)
-    except ValueError:
-        raise RuntimeError(f"reconcile {command}: exit {r.returncode}, no report: {r.stderr!r}") from None
-    return r.returncode, {res["id"]: res for res in doc["resources"]}, r.stderr
+def reconcile(command: str, state_file: str, *args: str) -> tuple[int, dict[str, dict], str]:
+    """`reconcile COMMAND STATE --format json` (cli_support.reconcile_json, its files in $T, from
+    this directory): exit code, resources by id, stderr."""
+    code, doc, stderr = reconcile_json(Path(T), command, state_file, *args, cwd=os.getcwd())
+    if doc is None:
+        raise RuntimeError(f"reconcile {command}: exit {code}, no report: {stderr!r}")
+    return code, {res["id"]: res for res in doc["resources"]}, stderr
 
 
 def apply_twice(state_file: str, name: str) -> None:
     """apply, then apply again: both reports go into the facts."""
     rc1, first, err1 = reconcile("apply", state_file)
     rc2, second, err2 = reconcile("apply", state_file)
-    fact(f"{name}.first", {"rc": rc1, "resources": first, "stderr": err1.decode(errors="replace")})
-    fact(f"{name}.second", {"rc": rc2, "resources": second, "stderr": err2.decode(errors="replace")})
+    fact(f"{name}.first", {"rc": rc1, "resources": first, "stderr": err1})
+    fact(f"{name}.second", {"rc": rc2, "resources": second, "stderr": err2})
 
 
 # --- move_mount(MOVE_MOUNT_BENEATH): util-linux 2.38 has no mount --beneath ---------------------

@@ -1,6 +1,9 @@
-"""A real one-node Slurm cluster for the tests: munged, slurmctld and slurmd from Debian's
-packages (slurm-wlm 22.05), started without systemd in a temporary directory, on free ports
-of 127.0.0.1, with no cgroups (proctrack/linuxproc, task/none).
+"""A real Slurm cluster for the tests: munged, slurmctld and slurmd from Debian's packages
+(slurm-wlm 22.05), started without systemd in a temporary directory, on free ports of
+127.0.0.1, with no cgroups (proctrack/linuxproc, task/none). One slurmd, for the node under
+test; more configured nodes (`others`) at the same address come up IDLE too (observed:
+slurmctld's pings to 127.0.0.1 are answered by that slurmd), so their states are whatever
+`scontrol update` makes them.
 
 Found the hard way (see docs/slurm.md): munged wants execute permission for everyone on every
 directory above its socket and a 0600 key; the daemons fork into the background by themselves;
@@ -51,8 +54,10 @@ MpiDefault=none
 ReturnToService=2
 {health_check}
 NodeName={node} NodeHostname={hostname} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
-"""
+{nodes}"""
+
+OTHER_NODE = "NodeName={name} NodeHostname={hostname} NodeAddr=127.0.0.1 CPUs=1 State=UNKNOWN\n"
+PARTITION = "PartitionName={name} Nodes={nodes} Default={default} MaxTime=INFINITE State=UP\n"
 
 
 def missing_prerequisites() -> str | None:
@@ -65,10 +70,15 @@ def missing_prerequisites() -> str | None:
 
 
 class SlurmCluster:
-    """One node named `node` (not the host name: slurmd -N), optionally with a HealthCheckProgram."""
+    """One node named `node` (not the host name: slurmd -N), optionally with a HealthCheckProgram;
+    `others`: more node names; `partitions`: name -> its nodes (the first is the default),
+    else one partition `debug` of every node."""
 
-    def __init__(self, node: str = "rnode1", health_check: str | None = None, interval: int = 2):
+    def __init__(self, node: str = "rnode1", health_check: str | None = None, interval: int = 2,
+                 others: tuple[str, ...] = (), partitions: dict[str, list[str]] | None = None):
         self.node = node
+        self.others = others
+        self.partitions = partitions or {"debug": [node, *others]}
         self.dir = Path(tempfile.mkdtemp(prefix="rslurm", dir="/tmp"))  # short: the munge socket path
         self.health_check = health_check
         self.interval = interval
@@ -90,15 +100,21 @@ class SlurmCluster:
         if self.health_check:
             hc = (f"HealthCheckProgram={self.health_check}\nHealthCheckInterval={self.interval}\n"
                   "HealthCheckNodeState=ANY")
+        hostname = os.uname().nodename.split(".")[0]
+        nodes = "".join(OTHER_NODE.format(name=n, hostname=hostname) for n in self.others)
+        nodes += "".join(PARTITION.format(name=name, nodes=",".join(members), default="YES" if i == 0 else "NO")
+                         for i, (name, members) in enumerate(self.partitions.items()))
         self.conf.write_text(CONF.format(dir=d, ctld_port=free_port(), slurmd_port=free_port(), health_check=hc,
-                                         node=self.node, hostname=os.uname().nodename.split(".")[0],
-                                         cpus=os.cpu_count() or 1))
+                                         node=self.node, hostname=hostname, cpus=os.cpu_count() or 1,
+                                         nodes=nodes))
         subprocess.run([SLURMCTLD, "-f", str(self.conf)], check=True, env=self.env, capture_output=True)
         subprocess.run([SLURMD, "-f", str(self.conf), "-N", self.node], check=True, env=self.env,
                        capture_output=True)
         try:
             self.wait_for(lambda st: not st.startswith(("UNKNOWN", "DOWN")) and "NOT_RESPONDING" not in st,
                           "the node to register", timeout=30)
+            for other in self.others:
+                self.wait_for(lambda st: st == "IDLE", f"node {other} to come up", timeout=60, node=other)
         except BaseException:
             self.stop()
             raise
@@ -110,29 +126,30 @@ class SlurmCluster:
         return subprocess.run([SCONTROL, *args], capture_output=True, text=True, env=self.env, timeout=30,
                               check=check)
 
-    def node_line(self) -> str:
-        return self.scontrol("show", "node", self.node, "-o").stdout.strip()
+    def node_line(self, node: str | None = None) -> str:
+        return self.scontrol("show", "node", node or self.node, "-o").stdout.strip()
 
-    def state(self) -> str:
+    def state(self, node: str | None = None) -> str:
         """State= as scontrol shows it (IDLE, IDLE+DRAIN, ...)."""
-        for field in self.node_line().split(" "):
+        line = self.node_line(node)
+        for field in line.split(" "):
             if field.startswith("State="):
                 return field[len("State="):]
-        raise AssertionError(f"no State= in {self.node_line()!r}")
+        raise AssertionError(f"no State= in {line!r}")
 
-    def reason(self) -> str:
+    def reason(self, node: str | None = None) -> str:
         """sinfo's %E: the reason as stored, without scontrol's [user@time]; '' for none."""
-        out = subprocess.run(["sinfo", "-h", "-N", "-n", self.node, "-o", "%E"], capture_output=True, text=True,
+        out = subprocess.run(["sinfo", "-h", "-N", "-n", node or self.node, "-o", "%E"], capture_output=True, text=True,
                              env=self.env, timeout=30, check=True).stdout
         first = out.splitlines()[0] if out.strip() else "none"
         return "" if first == "none" else first
 
-    def wait_for(self, predicate, what: str, timeout: float = 60) -> str:
+    def wait_for(self, predicate, what: str, timeout: float = 60, node: str | None = None) -> str:
         """Poll the node's state until predicate(state) holds (a resumed node shows NOT_RESPONDING
         until slurmctld's next ping: never assert at once)."""
         deadline = time.monotonic() + timeout
         while True:
-            st = self.state()
+            st = self.state(node)
             if predicate(st):
                 return st
             if time.monotonic() > deadline:

@@ -359,9 +359,19 @@ def install(cap: Capture, where: Path, **extra) -> dict[str, str]:
             (d / "information").write_text(f"Model: \t\t NVIDIA\nBus Location: \t {bus_dir(bus)}\n"
                                            f"Device Minor: \t {minor}\n")
     proc.mkdir(parents=True, exist_ok=True)
+    # The PCI bus: a GPU at each captured bus id (pci_support.bus_with_gpus), on the bus of the same
+    # host where tests/data/gpus/pci/ has its lspci (gpud's 8x H100), else on the default host's.
+    import pci_support
+
+    buses = [g["pci.bus_id"] for g in cap.gpus] + [bus for bus, _ in extra.get("unreachable", ())]  # lost: on the bus
+    slots = [bus_dir(b) for b in buses if re.fullmatch(r"[0-9A-F]+:[0-9A-F:.]+", b, re.I)]
+    same = pci_support.SAME_HOST.get(cap.name)
+    devices = (pci_support.capture(same) if same else
+               pci_support.bus_with_gpus(pci_support.DEFAULT_HOST, [(s, "nvidia") for s in slots]))
+    sysfs = pci_support.write_tree(where / "sys", devices)
     path = os.pathsep.join([str(bindir), *(d for d in os.environ.get("PATH", "").split(os.pathsep)
                                            if d and not os.path.exists(os.path.join(d, "nvidia-smi")))])
-    return {"PATH": path, "RECONCILE_NVIDIA_PROC_DIR": str(proc)}
+    return {"PATH": path, "RECONCILE_NVIDIA_PROC_DIR": str(proc), "RECONCILE_SYSFS_PCI": str(sysfs)}
 
 
 def bus_dir(bus: str) -> str:

@@ -85,8 +85,7 @@ def test_min_step_and_max_age():
 def test_a_directory_that_is_a_file_is_an_error(tmp_path):
     f = tmp_path / "run"
     f.write_text("not a directory")
-    proc = run_cli(tmp_path, "diff", "--format", "json", str(cs.state(tmp_path, "run", f, layout="hf-trainer")),
-                   **cs.env(tmp_path))
+    proc = run_cli(tmp_path, "diff", "--format", "json", str(cs.state(tmp_path, "run", f, layout="hf-trainer")))
     assert proc.returncode == 1
     (res,) = report_of(proc)["resources"]
     assert res["status"] == "error" and "Not a directory" in res["message"]
@@ -108,6 +107,7 @@ def megatron_run(tmp_path):
     return run
 
 
+@pytest.mark.system
 def test_megatron_tracker_moved_to_the_newest_whole_iteration(tmp_path, megatron_run):
     run: Path = megatron_run
     p = run / "iter_0000008" / "mp_rank_00" / "model_optim_rng.pt"
@@ -125,6 +125,7 @@ def test_megatron_tracker_moved_to_the_newest_whole_iteration(tmp_path, megatron
     cs.nothing_lost(before, cs.inventory(run))
 
 
+@pytest.mark.system
 def test_megatron_tracker_garbage_is_drift(tmp_path, megatron_run):
     (megatron_run / "latest_checkpointed_iteration.txt").write_text("")
     res = cs.observed(tmp_path, cs.state(tmp_path, "mega", megatron_run, layout="megatron"))

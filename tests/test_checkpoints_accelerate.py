@@ -145,7 +145,7 @@ def test_a_quarantine_inside_checkpoints_breaks_accelerate(reference, tmp_path):
     assert res["status"] == "blocked", res
     assert kind in res["message"] and f"checkpoints/{cs.QUARANTINE}" in res["message"], res
     before = cs.inventory(run)
-    proc = run_cli(tmp_path, "apply", "--format", "json", str(state), timeout=300, **cs.env(tmp_path))
+    proc = run_cli(tmp_path, "apply", "--format", "json", str(state), timeout=300)
     (done,) = report_of(proc)["resources"]
     assert done["status"] == "blocked" and not done["actions"]
     assert cs.inventory(run) == before
@@ -164,7 +164,7 @@ def test_hf_trainer_declared_on_accelerate_checkpoints_is_not_ok(reference, tmp_
     kind, text = cs.raised(err)
     assert rc != 0 and kind == "ValueError", err
     proc = run_cli(tmp_path, "diff", "--format", "json", str(cs.state(tmp_path, "run", run, layout="hf-trainer")),
-                   timeout=300, **cs.env(tmp_path))
+                      timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (res,) = report_of(proc)["resources"]
     assert res["status"] == "error", res
@@ -179,7 +179,7 @@ def test_the_checkpoints_folder_itself_as_dir_is_an_error_naming_the_parent(refe
     for layout in (None, "accelerate"):
         extra = {"layout": layout} if layout else {}
         proc = run_cli(tmp_path, "diff", "--format", "json",
-                       str(cs.state(tmp_path, "run", run / "checkpoints", **extra)), timeout=300, **cs.env(tmp_path))
+                          str(cs.state(tmp_path, "run", run / "checkpoints", **extra)), timeout=300)
         (res,) = report_of(proc)["resources"]
         assert proc.returncode == 1 and res["status"] == "error", res
         assert "accelerate" in res["message"] and "parent" in res["message"], res

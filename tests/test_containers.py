@@ -6,14 +6,13 @@ daemon restart) before reconcile changes it, and shown not to work after.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
 
 import container_support as cs
 import pytest
-from cli_support import run_cli
+from cli_support import reconcile_json
 
 REASON = cs.missing(cs.DOCKERD, cs.DOCKER, cs.PODMAN)
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -45,12 +44,10 @@ def names(dockerd):
 def reconcile(tmp, dockerd, podman_store, state: str, *args: str, **env: str):
     path = tmp / "state.yaml"
     path.write_text("version: 1\n" + state)
-    cmd = args or ("apply",)
-    extra = ("--journal", str(tmp / "journal.jsonl")) if cmd[0] == "apply" else ()
-    proc = run_cli(tmp, *cmd, str(path), "--format", "json", *extra, timeout=300,
-                   **{**dockerd.env(), **podman_store.env(), **env})
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+    code, doc, stderr = reconcile_json(tmp, *(args or ("apply",)), str(path), timeout=300,
+                                       **{**dockerd.env(), **podman_store.env(), **env})
+    assert doc is not None, stderr
+    return code, doc
 
 
 def resource(report: dict, rid: str) -> dict:

@@ -4,7 +4,6 @@ its own (tests/container_support.py), each answer checked with `podman inspect`,
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import container_support as cs
 import gpu_support as gs
 import pytest
-from cli_support import run_cli
+from cli_support import reconcile_json
 
 REASON = cs.missing(cs.PODMAN)
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -35,11 +34,9 @@ def names(podman):
 def reconcile(tmp: Path, podman, state: str, *args: str, **env: str):
     path = tmp / "state.yaml"
     path.write_text("version: 1\n" + state)
-    cmd = args or ("apply",)
-    extra = ("--journal", str(tmp / "journal.jsonl")) if cmd[0] == "apply" else ()
-    proc = run_cli(tmp, *cmd, str(path), "--format", "json", *extra, timeout=300, **{**podman.env(), **env})
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+    code, doc, stderr = reconcile_json(tmp, *(args or ("apply",)), str(path), timeout=300, **{**podman.env(), **env})
+    assert doc is not None, stderr
+    return code, doc
 
 
 def resource(report: dict, rid: str) -> dict:

@@ -18,11 +18,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from cli_support import wait_for
+from cli_support import reconcile_json, wait_for
 from extraction_support import (
     FAKE_EXTRACT,
     age,
-    cli,
     observe,
     read_record,
     record_path,
@@ -48,13 +47,13 @@ def test_allow_missing_and_done_is_ok(tmp_path):
     out = tmp_path / "hs"
     write_samples(out, [i for i in range(30) if i not in (17, 23)])
     spec = {"dir": str(out), "total": 30, "allow_missing": [17]}
-    rc, rep, _ = cli(tmp_path, "diff", str(state_yaml(tmp_path / "s.yaml", spec)))
+    rc, rep, _ = reconcile_json(tmp_path, "diff", str(state_yaml(tmp_path / "s.yaml", spec)))
     r = resource(rep)
     assert rc == 2 and r["status"] == "blocked"  # no job declared
     assert r["drift"] == [{"field": "done", "want": ">= 30", "have": 29}]
     assert r["observed"]["missing_ranges"] == [[23, 23]]
     write_sample(out, 23)
-    rc, rep, _ = cli(tmp_path, "diff", str(tmp_path / "s.yaml"))
+    rc, rep, _ = reconcile_json(tmp_path, "diff", str(tmp_path / "s.yaml"))
     assert rc == 0 and resource(rep)["status"] == "ok"
 
 
@@ -70,13 +69,13 @@ def test_zero_byte_gz_and_safetensors_quarantined(tmp_path):
         _old(p)
     spec = {"dir": str(out), "total": 10, "min_done": 8, "verify": "at-risk"}
     state = state_yaml(tmp_path / "s.yaml", spec)
-    rc, rep, _ = cli(tmp_path, "diff", str(state))
+    rc, rep, _ = reconcile_json(tmp_path, "diff", str(state))
     r = resource(rep)
     # Under `recent` a .gz is not decompressed: only the zero-byte file is damaged.
     assert [d["path"] for d in r["observed"]["damaged"]] == ["rows_0-10/data_3.ckpt"]
     assert r["observed"]["unverified_gz"] == 1
     state_yaml(state, {**spec, "verify": "content"})
-    rc, rep, _ = cli(tmp_path, "apply", str(state))
+    rc, rep, _ = reconcile_json(tmp_path, "apply", str(state))
     r = resource(rep)
     assert rc == 0 and r["status"] == "ok", rep
     assert [a["action"] for a in r["actions"]] == ["quarantine"]
@@ -99,7 +98,7 @@ def test_zero_byte_gz_and_safetensors_quarantined(tmp_path):
     _old(cut)
     st_state = state_yaml(tmp_path / "st.yaml", {"dir": str(st_out), "total": 4,
                                                   "pattern": "rows_{group}/data_{index}.safetensors"})
-    rc, rep, _ = cli(tmp_path, "diff", str(st_state))
+    rc, rep, _ = reconcile_json(tmp_path, "diff", str(st_state))
     r = resource(rep)
     assert rc == 2 and r["observed"]["damaged"][0]["reason"].startswith("truncated")
     assert r["observed"]["done"] == 3
@@ -123,7 +122,7 @@ def test_resume_command_detached_and_logged(tmp_path):
     state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 30, "allow_missing": [17],
                                               "job": {"command": argv, "cwd": str(tmp_path)}})
     try:
-        rc, rep, err = cli(tmp_path, "apply", str(state))
+        rc, rep, err = reconcile_json(tmp_path, "apply", str(state))
         r = resource(rep)
         assert rc == 0 and r["status"] in ("converging", "ok"), (rep, err)
         assert [(a["action"], a["result"]) for a in r["actions"]] == [("start", "done")]
@@ -136,14 +135,14 @@ def test_resume_command_detached_and_logged(tmp_path):
             assert int(stat[3]) == int(stat[1]) != os.getsid(0)
             assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1] == FAKE_EXTRACT.encode()
         # A second apply while it runs does not start another one.
-        rc, rep, _ = cli(tmp_path, "apply", str(state))
+        rc, rep, _ = reconcile_json(tmp_path, "apply", str(state))
         if resource(rep)["status"] == "converging":
             assert resource(rep)["actions"] == []
             assert "running" in resource(rep)["message"]
         seen = []
 
         def finished():
-            rc, rep, _ = cli(tmp_path, "diff", str(state))
+            rc, rep, _ = reconcile_json(tmp_path, "diff", str(state))
             seen.append(resource(rep)["observed"]["counted"])
             return rc == 0
 
@@ -164,9 +163,9 @@ def test_needs_not_ok_holds_start_back(tmp_path):
                        {"dir": str(out), "total": 10, "job": {"command": argv}, "needs": ["extraction:base"]},
                        extra={"base": {"dir": str(tmp_path / "base"), "total": 5}})
     try:
-        rc, rep, _ = cli(tmp_path, "diff", str(state))
+        rc, rep, _ = reconcile_json(tmp_path, "diff", str(state))
         assert [a["action"] for a in resource(rep)["actions"]] == ["start"]  # diff lists it as planned
-        rc, rep, _ = cli(tmp_path, "apply", str(state))
+        rc, rep, _ = reconcile_json(tmp_path, "apply", str(state))
         r = resource(rep)
         assert rc == 2 and r["status"] == "blocked"
         assert [(a["action"], a["result"]) for a in r["actions"]] == [("start", "skipped")]
@@ -210,7 +209,7 @@ def test_needs_unit_not_ok_holds_start_back(nsystemd, tmp_path):
                        {"dir": str(out), "total": 60, "job": {"unit": UNIT},
                         "needs": ["unit:gpu-free.service"]},
                        units={"gpu-free.service": {"active": True}})  # declared, cannot be started
-    rc, rep, _ = cli(tmp_path, "apply", str(state), runner=nsystemd)
+    rc, rep, _ = reconcile_json(tmp_path, "apply", str(state), runner=nsystemd)
     r = resource(rep)
     assert rc == 2 and r["status"] == "blocked", rep
     assert {a["action"]: a["result"] for a in r["actions"]} == {"quarantine": "skipped", "start": "skipped"}
@@ -223,13 +222,13 @@ def test_killed_job_quarantined_resumed_and_finished(nsystemd, tmp_path):
     half_bytes = half.read_bytes()
     state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 60, "verify": "at-risk",
                                               "job": {"unit": UNIT}})
-    rc, rep, _ = cli(tmp_path, "diff", str(state), runner=nsystemd)
+    rc, rep, _ = reconcile_json(tmp_path, "diff", str(state), runner=nsystemd)
     r = resource(rep)
     assert rc == 2 and r["status"] == "drift"
     assert [d["path"] for d in r["observed"]["damaged"]] == ["rows_0-20/data_7.ckpt"]
     assert [a["action"] for a in r["actions"]] == ["quarantine", "start"]
 
-    rc, rep, err = cli(tmp_path, "apply", str(state), runner=nsystemd)
+    rc, rep, err = reconcile_json(tmp_path, "apply", str(state), runner=nsystemd)
     r = resource(rep)
     assert rc == 0 and r["status"] in ("converging", "ok"), (rep, err)
     assert [(a["action"], a["result"]) for a in r["actions"]] == [("quarantine", "done"), ("start", "done")]
@@ -243,7 +242,7 @@ def test_killed_job_quarantined_resumed_and_finished(nsystemd, tmp_path):
     progress = []
 
     def finished():
-        rc, rep, _ = cli(tmp_path, "diff", str(state), runner=nsystemd)
+        rc, rep, _ = reconcile_json(tmp_path, "diff", str(state), runner=nsystemd)
         r = resource(rep)
         progress.append((r["observed"]["counted"], r["status"]))
         return rc == 0
@@ -393,7 +392,7 @@ def test_recent_files_reread_after_the_boot_id_changes(tmp_path):
     state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 20})
 
     def checked() -> int:
-        rc, rep, err = cli(tmp_path, "diff", str(state), env=env)
+        rc, rep, err = reconcile_json(tmp_path, "diff", str(state), **env)
         assert rc == 0 and resource(rep)["status"] == "ok", (rep, err)
         return resource(rep)["observed"]["checked"]
 
@@ -539,8 +538,9 @@ def test_long_first_check_making_progress_is_not_cut_short(tmp_path):
     ok with every file checked."""
     out = tmp_path / "hs"
     # Well above the heartbeats' pace (20 a second at most), so that a busy machine that keeps
-    # the child off a CPU for a moment does not read as "no progress".
-    timeout = 1.0
+    # the child off a CPU for a moment does not read as "no progress": 1 s was not, on a 2-core
+    # machine at load 10 (a stall of a second is then the scheduler's, not the check's).
+    timeout = 2.0
     n, written = 30_000, 0
     for _ in range(6):  # up to 960,000 files: far more than any machine checks in 3 s
         write_samples(out, range(written, n), group=1000)
@@ -548,7 +548,7 @@ def test_long_first_check_making_progress_is_not_cut_short(tmp_path):
         state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": n, "verify": "content",
                                                  "observe_timeout": timeout})
         t0 = time.monotonic()
-        rc, report, err = cli(tmp_path, "diff", str(state), timeout=600)
+        rc, report, err = reconcile_json(tmp_path, "diff", str(state), timeout=600)
         took = time.monotonic() - t0
         res = resource(report)
         assert rc == 0 and res["status"] == "ok", (n, res, err)

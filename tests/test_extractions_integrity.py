@@ -16,7 +16,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from extraction_support import cli, observe, resource, state_yaml, write_sample, write_samples
+from cli_support import reconcile_json
+from extraction_support import observe, resource, state_yaml, write_sample, write_samples
 
 
 @pytest.fixture
@@ -87,8 +88,8 @@ def test_a_file_that_breaks_a_zip_reader_is_one_damaged_file(tmp_path):
     with pytest.raises(NotImplementedError):
         zipfile.ZipFile(bad).read("data_12/data.pkl")
     for verify in ("at-risk", "content"):
-        rc, rep, err = cli(tmp_path, "diff", str(state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 20,
-                                                                                     "verify": verify})))
+        state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 20, "verify": verify})
+        rc, rep, err = reconcile_json(tmp_path, "diff", str(state))
         r = resource(rep)
         assert rc == 2 and r["status"] == "blocked", (rep, err)  # no job declared
         assert r["observed"]["done"] == 19
@@ -154,7 +155,7 @@ def test_gz_not_decompressed_is_said_in_the_text_report(tmp_path):
         report = text()
         assert "✓ extraction:eagle3  ok" in report
         assert "note: 11 .gz samples not decompressed" in report, report
-    rc, rep, _ = cli(tmp_path, "diff", str(state))
+    rc, rep, _ = reconcile_json(tmp_path, "diff", str(state))
     assert resource(rep)["caveats"] and resource(rep)["observed"]["unverified_gz"] == 11
     state_yaml(state, {**spec, "verify": "content"})
     assert "not decompressed" not in text()

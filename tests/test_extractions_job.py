@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli_support import wait_for
-from extraction_support import cli, resource, state_yaml
+from cli_support import reconcile_json, wait_for
+from extraction_support import resource, state_yaml
 from reconcile_host.local.host import LocalHost
 from reconcile_host.pipeline.engine import Engine
 from reconcile_host.pipeline.journal import Journal
@@ -82,7 +82,7 @@ def test_cli_apply_starts_once_diff_says_how_it_ended_next_apply_starts_again(tm
     state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 4, "job": {"command": argv}})
     journal = tmp_path / "journal.jsonl"
     status = tmp_path / "state" / "extractions" / "eagle3.exit.json"
-    rc, rep, err = cli(tmp_path, "apply", str(state))
+    rc, rep, err = reconcile_json(tmp_path, "apply", str(state))
     r = resource(rep)
     assert [(a["action"], a["result"]) for a in r["actions"]] == [("start", "done")], (rep, err)
     # However fast the job ended (seen running at the verification, or already gone): one start.
@@ -94,13 +94,13 @@ def test_cli_apply_starts_once_diff_says_how_it_ended_next_apply_starts_again(tm
     pid = json.loads((tmp_path / "state" / "extractions" / "eagle3.pid").read_text())["pid"]
     assert json.loads(status.read_text()) == {"pid": pid, "returncode": want_rc}
 
-    rc, rep, _ = cli(tmp_path, "diff", str(state))
+    rc, rep, _ = reconcile_json(tmp_path, "diff", str(state))
     r = resource(rep)
     assert rc == 2 and r["observed"]["job"]["exit_status"] == want_rc
     assert want_line in r["observed"]["job"]["log_tail"] and f"exited with status {want_rc}" in r["message"]
 
     # Once per apply, not once for ever: the next apply starts it again (and once).
-    rc, rep, _ = cli(tmp_path, "apply", str(state))
+    rc, rep, _ = reconcile_json(tmp_path, "apply", str(state))
     assert [a["action"] for a in resource(rep)["actions"]] == ["start"]
     wait_for(lambda: counter.read_text() == "2" and status.exists(), 60, "the second job to end")
     assert _starts(journal) == [("intent", ""), ("result", "done")] * 2

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-from extraction_support import cli, env_for, resource, state_yaml, write_sample, write_samples
+from cli_support import reconcile_json
+from extraction_support import env_for, resource, state_yaml, write_sample, write_samples
 from reconcile_host.common.filechecks.integrity import CONTENT, check_path
 
 QDIR = ".reconcile-quarantine"
@@ -82,7 +83,7 @@ def _moved_files(qdir: Path) -> set[str]:
 
 
 def _assert_converges(tmp: Path, out: Path, state: Path, originals: dict[str, os.stat_result]) -> None:
-    rc, rep, err = cli(tmp, "apply", str(state))
+    rc, rep, err = reconcile_json(tmp, "apply", str(state))
     r = resource(rep)
     assert rc == 0 and r["status"] == "ok", (r, err)
     assert [a["action"] for a in r["actions"]][0] == "finish-quarantine"
@@ -101,9 +102,9 @@ def _assert_converges(tmp: Path, out: Path, state: Path, originals: dict[str, os
         assert f["size"] == st.st_size and f["mtime"] == st.st_mtime and f["reason"]
         moved = check_path(str(out / f["moved_to"]), CONTENT)
         assert moved.reason == f["reason"] and moved.st.st_mtime_ns == st.st_mtime_ns
-    rc, rep, _ = cli(tmp, "diff", str(state))
+    rc, rep, _ = reconcile_json(tmp, "diff", str(state))
     assert rc == 0, rep
-    rc, rep, _ = cli(tmp, "apply", str(state))
+    rc, rep, _ = reconcile_json(tmp, "apply", str(state))
     assert rc == 0 and resource(rep)["actions"] == []
 
 
@@ -124,7 +125,7 @@ def test_kill_while_quarantining_keeps_every_record_and_the_next_apply_finishes(
     for rel in set(records) - moved:  # recorded, not moved: still in place
         assert (out / rel).exists()
 
-    rc, rep, _ = cli(tmp_path, "diff", str(state))
+    rc, rep, _ = reconcile_json(tmp_path, "diff", str(state))
     r = resource(rep)
     assert rc == 2 and {"field": "unfinished_quarantine", "want": 0, "have": 1} in r["drift"]
     _assert_converges(tmp_path, out, state, originals)

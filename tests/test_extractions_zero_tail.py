@@ -139,7 +139,8 @@ def test_unproven_file_counts_done_is_never_moved_and_is_said_every_time(tmp_pat
     """A sample whose last tensor is a mask padded with zeros, its real end zeroed over the padding's
     length and more: cannot be proven whole. diff: ok with a caveat; apply moves nothing; the
     caveat stays on the next runs (the check record keeps it)."""
-    from extraction_support import cli, resource, state_yaml
+    from cli_support import reconcile_json
+    from extraction_support import resource, state_yaml
 
     python = ts.need(ts.torch_python(), "torch 2.x interpreter")
     out = tmp_path / "hs" / "rows_0-10"
@@ -152,7 +153,7 @@ def test_unproven_file_counts_done_is_never_moved_and_is_said_every_time(tmp_pat
     v = check_path(spec[2]["path"], CONTENT)
     assert v.state == "unproven" and "'attention_mask' (BOOL" in v.reason, v
     for command in ("diff", "apply", "diff", "diff"):
-        rc, rep, err = cli(tmp_path, command, str(st))
+        rc, rep, err = reconcile_json(tmp_path, command, str(st))
         r = resource(rep)
         assert rc == 0 and r["status"] == "ok" and r["actions"] == [], (command, r, err)
         assert r["observed"]["done"] == 3 and r["observed"]["unproven"] == 1

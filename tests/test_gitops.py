@@ -18,12 +18,14 @@ from gitops_support import REPO, cli, is_active, report_schema, service, validat
 # --- schemas ------------------------------------------------------------------------------
 
 
+@pytest.mark.pure
 def test_report_schema_is_valid_draft_2020_12():
     schema = report_schema()
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     jsonschema.Draft202012Validator.check_schema(schema)
 
 
+@pytest.mark.pure
 def test_printed_state_schema_is_valid_draft_2020_12_and_self_contained(tmp_path):
     proc = subprocess.run(reconcile_argv("schema"), capture_output=True, text=True, env=cli_env(tmp_path))
     assert proc.returncode == 0, proc.stderr

@@ -24,11 +24,6 @@ SEED_HOLD_MIB = 72289  # ~75.8 GB, what the vLLM service held on each GPU in the
 write_state, gpus_report, cli = gs.write_state, gs.gpus_report, gs.cli
 
 
-def apply_json(tmp: Path, lib: Path, config: Path, state: Path, **env: str):
-    return cli(tmp, lib, config, "apply", str(state), "--format", "json", "--journal",
-               str(tmp / "journal.jsonl"), **env)
-
-
 def probe(lib: Path, config: Path) -> list[dict]:
     """Each fake GPU's used/total MiB and PIDs, as pynvml itself reads them."""
     env = {**os.environ, **gs.nvml_env(lib, config)}
@@ -62,9 +57,9 @@ def test_stray_processes_terminated_even_one_ignoring_sigterm(tmp_path, fake_lib
     assert f"terminate {stubborn.pid} (python-stuck) holding 20000MiB each on GPUs 0,1" in descriptions
     assert gs.proc_alive(polite.pid) and gs.proc_alive(stubborn.pid)  # diff changed nothing
 
-    proc = apply_json(tmp_path, fake_lib, config, state)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    gpus = gpus_report(proc)
+    code, doc, err = gs.cli_json(tmp_path, fake_lib, config, "apply", str(state))
+    assert code == 0, (doc, err)
+    gpus = gs.gpus_of(doc)
     assert gpus["status"] == "ok"
     results = {a["target"]: a for a in gpus["actions"]}
     assert results[f"pid {polite.pid}"]["result"] == "done"
@@ -92,9 +87,9 @@ def test_holder_outside_kill_list_is_blocked_and_left_alive(tmp_path, fake_lib, 
           free_with: {kill: ["vllm*"], grace: 1s}
           settle: 1s
         """)
-    proc = apply_json(tmp_path, fake_lib, config, state)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    gpus = gpus_report(proc)
+    code, doc, err = gs.cli_json(tmp_path, fake_lib, config, "apply", str(state))
+    assert code == 2, (doc, err)
+    gpus = gs.gpus_of(doc)
     assert gpus["status"] == "blocked"
     assert f"{other.pid} (train-job) holding 5000MiB on GPU 0" in gpus["message"]
     assert "nothing was signalled" in gpus["message"]
@@ -150,8 +145,8 @@ def test_device_file_holder_hidden_from_nvml_is_found(tmp_path, fake_lib, holder
     plan = gpus_report(cli(tmp_path, fake_lib, config, "diff", str(state), "--format", "json", **glob))
     assert [a["description"] for a in plan["actions"]] == [
         f"terminate {hidden.pid} (vllm-worker) holding {devdir}/nvidia1 on GPU 1 (memory not reported by NVML)"]
-    proc = apply_json(tmp_path, fake_lib, config, state, **glob)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, doc, err = gs.cli_json(tmp_path, fake_lib, config, "apply", str(state), **glob)
+    assert code == 0, (doc, err)
     assert hidden.wait(timeout=10) == -15
     assert monitor.poll() is None
     assert [g["used_mib"] for g in probe(fake_lib, config)] == [0, 0]
@@ -192,9 +187,9 @@ def test_unhealthy_gpu_blocked_and_unsupported_queries_not_signals(tmp_path, fak
 def test_count_mismatch_blocked(tmp_path, fake_lib):
     config = gs.FakeConfig(gpus=gs.seed_gpus(7)).write(tmp_path / "nvml.conf")
     state = write_state(tmp_path, "gpus:\n  count: 8\n  max_memory_used: 0MiB\n")
-    proc = apply_json(tmp_path, fake_lib, config, state)
-    assert proc.returncode == 2
-    report = gpus_report(proc)
+    code, doc, _ = gs.cli_json(tmp_path, fake_lib, config, "apply", str(state))
+    assert code == 2
+    report = gs.gpus_of(doc)
     assert report["status"] == "blocked"
     assert {"field": "count", "want": 8, "have": 7} in report["drift"]
     assert "expected 8 GPUs, found 7" in report["message"]
@@ -330,13 +325,11 @@ def test_seed_vllm_unit_stopped_memory_freed_and_verified(nsystemd, tmp_path, fa
     assert f"freed by unit:{VLLM_UNIT}" in gpus["message"]
     assert "GPU 0: 72289MiB / 97887MiB" in gpus["message"]
 
-    proc = ns_cli(nsystemd, tmp_path, fake_lib, config, "apply", str(state), "--format", "json",
-                  "--journal", str(tmp_path / "journal.jsonl"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = report_of(proc)
+    code, report, err = gs.cli_json(tmp_path, fake_lib, config, "apply", str(state), runner=nsystemd)
+    assert code == 0, (report, err)
     unit = next(r for r in report["resources"] if r["id"] == f"unit:{VLLM_UNIT}")
     assert [(a["action"], a["result"]) for a in unit["actions"]] == [("disable", "done"), ("stop", "done")]
-    gpus = gpus_report(proc)
+    gpus = gs.gpus_of(report)
     assert gpus["status"] == "ok" and gpus["actions"] == []
     assert gpus["summary"].count("0MiB / 97887MiB") == 8
     assert nsystemd.show(VLLM_UNIT, "ActiveState") == "inactive"
@@ -367,10 +360,9 @@ def test_undeclared_unit_stopped_and_allowed_unit_kept(nsystemd, tmp_path, fake_
     assert [(a["action"], a["target"]) for a in plan["actions"]] == [("stop", VLLM_UNIT)]
     assert plan["actions"][0]["description"].startswith(f"stop unit {VLLM_UNIT} (")
 
-    proc = ns_cli(nsystemd, tmp_path, fake_lib, config, "apply", str(state), "--format", "json",
-                  "--journal", str(tmp_path / "journal.jsonl"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    gpus = gpus_report(proc)
+    code, report, err = gs.cli_json(tmp_path, fake_lib, config, "apply", str(state), runner=nsystemd)
+    assert code == 0, (report, err)
+    gpus = gs.gpus_of(report)
     assert gpus["status"] == "ok"
     assert [a["result"] for a in gpus["actions"]] == ["done"]
     assert nsystemd.show(VLLM_UNIT, "ActiveState") == "inactive"

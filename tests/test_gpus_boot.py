@@ -51,7 +51,8 @@ def boot_unit(tmp: Path, state: Path, lib: Path, config: Path, klog: Path) -> st
     text = re.sub(r"^WorkingDirectory=.*$", f"WorkingDirectory={tmp}", text, flags=re.M)
     text = re.sub(r"^StateDirectory=.*$\n", "", text, flags=re.M)  # the namespace shares the host's /var
     env = (f"Environment=RECONCILE_CACHE_DIR={tmp}/cache RECONCILE_STATE_DIR={tmp}/state "
-           f"RECONCILE_KERNEL_LOG={klog} LD_LIBRARY_PATH={lib} FAKE_NVML_CONFIG={config}\n")
+           f"RECONCILE_KERNEL_LOG={klog} LD_LIBRARY_PATH={lib} FAKE_NVML_CONFIG={config} "
+           f"RECONCILE_SYSFS_PCI={gs.pci_root(config)}\n")
     return text.replace("\n[Service]\n", f"\n[Service]\n{env}StandardOutput=append:{tmp}/boot.log\n"
                         f"StandardError=append:{tmp}/boot.log\n", 1)
 

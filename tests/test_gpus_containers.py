@@ -9,7 +9,6 @@ Every answer is checked with `docker inspect`, /proc and pynvml at test time.
 from __future__ import annotations
 
 import io
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import container_support as cs
 import gpu_support as gs
 import pytest
-from cli_support import run_cli
+from cli_support import reconcile_json
 
 REPO = Path(__file__).resolve().parent.parent
 REASON = cs.missing(cs.DOCKERD, cs.DOCKER, cs.PODMAN)
@@ -83,11 +82,10 @@ class Story:
         return out
 
     def cli(self, cmd: str, state: Path) -> tuple[int, dict]:
-        extra = ("--journal", str(self.tmp / "journal.jsonl")) if cmd == "apply" else ()
-        proc = run_cli(self.tmp, cmd, str(state), "--format", "json", *extra, timeout=300,
-                       **{**self.dockerd.env(), **self.podman.env(), **gs.nvml_env(self.lib, self.config)})
-        assert "Traceback" not in proc.stderr, proc.stderr
-        return proc.returncode, json.loads(proc.stdout)
+        code, doc, stderr = reconcile_json(self.tmp, cmd, str(state), timeout=300, **{
+            **self.dockerd.env(), **self.podman.env(), **gs.nvml_env(self.lib, self.config)})
+        assert doc is not None, stderr
+        return code, doc
 
     def nvml(self) -> list[dict]:
         out = subprocess.run(gs.pynvml_probe_argv(), env={**os.environ, **gs.nvml_env(self.lib, self.config)},

@@ -33,11 +33,10 @@ class Rig:
 
     def run(self, command: str, body: str, *extra: str) -> tuple[int, dict]:
         state = gs.write_state(self.tmp, body)
-        args = [command, str(state), "--format", "json", *extra]
-        if command == "apply":
-            args += ["--journal", str(self.tmp / "journal.jsonl")]
-        proc = gs.cli(self.tmp, self.lib, self.config, *args, RECONCILE_KERNEL_LOG=str(self.klog))
-        return proc.returncode, gs.gpus_report(proc)
+        code, doc, stderr = gs.cli_json(self.tmp, self.lib, self.config, command, str(state), *extra,
+                                        RECONCILE_KERNEL_LOG=str(self.klog))
+        assert doc is not None, stderr
+        return code, gs.gpus_of(doc)
 
     def calls(self) -> list[tuple[str, int, str, str]]:
         return gs.setter_calls(self.config)
@@ -182,6 +181,7 @@ def test_not_root_every_setter_is_refused_one_line_per_gpu(fake_lib):
         for path in (lib, *lib.iterdir(), config, state, klog):
             path.chmod(0o755 if path.is_dir() else 0o644)
         env = cli_env(tmp, LD_LIBRARY_PATH=str(lib), FAKE_NVML_CONFIG=str(config), RECONCILE_KERNEL_LOG=str(klog),
+                      RECONCILE_SYSFS_PCI=str(gs.pci_root(config)),
                       RECONCILE_STATE_DIR=str(tmp / "state"), HOME=str(tmp))
         argv = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
                 *reconcile_argv("apply", str(state), "--format", "json", "--journal", str(tmp / "journal.jsonl"))]
@@ -240,6 +240,9 @@ def test_mig_and_ecc_changes_stay_pending_until_the_gpu_is_reset_or_the_host_reb
         assert gs.reset_gpu(fake_lib, host.config, 1) == 19  # NVML_ERROR_IN_USE
     finally:
         holders.cleanup()
+    # Persistence mode holds it too (NVIDIA/NVSentinel#1690: "In use by another client" until `nvidia-smi -pm 0`).
+    assert gs.reset_gpu(fake_lib, host.config, 1) == 19
+    gs.nvml_do(fake_lib, host.config, "n.nvmlDeviceSetPersistenceMode(h(1), 0)")
     assert gs.reset_gpu(fake_lib, host.config, 1) == 0
     assert host.nvml()[1]["mig"] == [1, 1]
     code, report = host.run("diff", state)

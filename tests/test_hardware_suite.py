@@ -114,7 +114,7 @@ def checks_of(report: dict, section: str) -> list[dict]:
 def test_every_section_agrees_with_the_fake_driver(suite_run):
     tmp, _, _, report = suite_run
     statuses = {k: v["status"] for k, v in report["sections"].items()}
-    want = ("count", "query-gpu", "q-x", "minors", "smi-path", "health", "xid", "holder", "setters")
+    want = ("count", "query-gpu", "q-x", "minors", "pci-bus", "smi-path", "health", "xid", "holder", "setters")
     assert statuses == dict.fromkeys(want[:None if os.geteuid() == 0 else -1], "agree"), \
         (tmp / "out" / "report.txt").read_text()
     # The report is on disk, as JSON and as text, and says the same.
@@ -244,3 +244,17 @@ def test_xml_reader_on_real_nvidia_smi_output():
     assert compared > 600
     assert {"memory.total", "power.limit", "power.min_limit", "pcie.link.width.max", "compute_mode",
             "persistence_mode", "ecc.errors.uncorrected.volatile.total"} <= valued
+
+
+def test_pci_bus_section_reads_the_bus_lspci_reads(suite_run, fake_lib):
+    """The bus section (read-only) holds reconcile's bus reading against lspci on the same tree and
+    against the driver's list: the fake's GPUs, bound to nvidia, the NVSwitches of the capture left out."""
+    import pci_support as ps
+
+    _, config, before, report = suite_run
+    checks = checks_of(report, "pci-bus")
+    assert checks and all(c["verdict"] == "agree" for c in checks), checks
+    slots = sorted(gs.slot_of(g["bus"]) for g in before)
+    if ps.shutil.which("lspci"):
+        assert ps.lspci_nvidia_gpus(gs.pci_root(config)) == slots
+    assert checks[0]["reconcile"] == slots and checks[-1]["authority"] == slots

@@ -75,6 +75,7 @@ SEED = doc_with(
 )
 
 
+@pytest.mark.pure
 def test_one_testcase_per_resource_with_status_mapping():
     root = junit_of(SEED)
     check_junit_shape(root)
@@ -110,6 +111,7 @@ def test_one_testcase_per_resource_with_status_mapping():
     assert props["state_file"] == "states/kpro6.yaml" and props["exit_code"] == "2"
 
 
+@pytest.mark.pure
 def test_markup_and_control_characters_stay_valid_xml():
     nasty = 'exit 1: <b>&"quoted"</b> \x1b[31mred\x1b[0m \x00'
     root = junit_of(doc_with(res("unit:a&b<c>.service", "unit", "error", message=nasty)))
@@ -120,6 +122,7 @@ def test_markup_and_control_characters_stay_valid_xml():
     assert "\x1b" not in case.find("error").text
 
 
+@pytest.mark.pure
 def test_apply_results_failed_and_done():
     doc = doc_with(
         res("unit:a.service", "unit", "ok", actions=[{"action": "stop", "target": "a.service", "result": "done"}]),
@@ -135,6 +138,7 @@ def test_apply_results_failed_and_done():
     assert root.get("name") == "reconcile apply"
 
 
+@pytest.mark.pure
 def test_empty_report():
     root = junit_of(doc_with())
     check_junit_shape(root)

@@ -354,7 +354,7 @@ def test_an_extraction_with_many_damaged_files_is_summarised_in_the_journal(tmp_
     """A real apply quarantines 100 empty samples: the journal's observation keeps the first
     MAX_LIST_ITEMS of them and says how many more; the quarantine manifest (what was moved)
     names all 100; `reconcile log` reads the line back."""
-    from extraction_support import cli as extraction_cli
+    from cli_support import reconcile_json
     from extraction_support import state_yaml, write_samples
 
     out = tmp_path / "hs"
@@ -364,7 +364,7 @@ def test_an_extraction_with_many_damaged_files_is_summarised_in_the_journal(tmp_
         path.write_bytes(b"")
         os.utime(path, (time.time() - 3600, time.time() - 3600))  # old: not a file being written
     state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": 200, "min_done": 1, "verify": "content"})
-    rc, report, err = extraction_cli(tmp_path, "apply", str(state))
+    rc, report, err = reconcile_json(tmp_path, "apply", str(state))
     assert rc in (0, 2) and report, err
     (qdir,) = (out / ".reconcile-quarantine").iterdir()
     moved = json.loads((qdir / "manifest.json").read_text())["files"]

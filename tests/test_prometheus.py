@@ -76,9 +76,7 @@ def write_gpus(path: Path, unhealthy: int | None = None) -> Path:
     gpus[0].used_mib = 1234
     if unhealthy is not None:
         gpus[unhealthy].ecc_volatile = 3
-    tmp = path.with_suffix(".tmp")
-    FakeConfig(gpus=gpus).write(tmp)
-    os.replace(tmp, path)
+    FakeConfig(gpus=gpus).write(path, whole=True)
     return path
 
 

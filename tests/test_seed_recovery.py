@@ -27,7 +27,7 @@ from pathlib import Path
 import gpu_support as gs
 import pytest
 import torch_support as ts
-from cli_support import cli_env, reconcile_argv
+from cli_support import cli_env, reconcile_argv, reconcile_json
 from extraction_support import FAKE_EXTRACT
 
 REPO = Path(__file__).resolve().parent.parent
@@ -83,12 +83,9 @@ class Scenario:
                 **gs.nvml_env(self.lib, self.config), "RECONCILE_KERNEL_LOG": str(self.kernel_log)}
 
     def cli(self, *args: str) -> tuple[int, dict, str]:
-        argv = reconcile_argv(*args, "--format", "json")
-        if args[0] == "apply":
-            argv += ["--journal", str(self.journal)]
-        proc = self.nsd.run(argv, env=self.env(), timeout=180)
-        assert "Traceback" not in proc.stderr, proc.stderr
-        return proc.returncode, json.loads(proc.stdout), proc.stderr
+        code, doc, stderr = reconcile_json(self.tmp, *args, runner=self.nsd, timeout=180, **self.env())
+        assert doc is not None, stderr
+        return code, doc, stderr
 
     def gpu_memory(self) -> list[int]:
         out = self.nsd.run(gs.pynvml_probe_argv(), env={**os.environ, **gs.nvml_env(self.lib, self.config)},
@@ -349,8 +346,12 @@ def test_mig_on_a_gpu_vllm_holds_is_blocked_until_the_unit_is_stopped(scenario):
     ext = res["extraction:eagle3-hidden-states"]
     assert ext["status"] == "blocked" and "needs not ok (gpus is converging)" in ext["message"]
 
-    # A person resets GPU 3 (nothing holds it now): MIG is current, the GPUs are ready.
+    # A person resets GPU 3 (nothing holds it now; persistence mode off first, or the driver refuses:
+    # NVIDIA/NVSentinel#1690): MIG is current, the GPUs are ready.
+    assert gs.reset_gpu(s.lib, s.config, 3) == 19
+    gs.nvml_do(s.lib, s.config, "n.nvmlDeviceSetPersistenceMode(h(3), 0)")
     assert gs.reset_gpu(s.lib, s.config, 3) == 0
+    gs.nvml_do(s.lib, s.config, "n.nvmlDeviceSetPersistenceMode(h(3), 1)")  # and back on, as before the reset
     code, report, _ = s.cli("diff", str(state))
     gpus = by_id(report)["gpus"]
     assert gpus["status"] == "ok" and gs.nvml_settings(s.lib, s.config)[3]["mig"] == [1, 1]

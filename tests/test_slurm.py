@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from cli_support import cli_env, reconcile_argv, wait_for
 from gpu_support import FakeConfig, nvml_env, seed_gpus
+from reconcile_host.core.contract import utc_iso
 from reconcile_host.doors import slurm
 from slurm_support import SlurmCluster, missing_prerequisites
 
@@ -35,9 +36,7 @@ def write_gpus(path: Path, bad_gpu: int | None = None, hang_init_s: int = 0) -> 
     gpus = seed_gpus(2)
     if bad_gpu is not None:
         gpus[bad_gpu].ecc_volatile = 2
-    tmp = path.with_suffix(".tmp")
-    FakeConfig(gpus=gpus, hang_init_s=hang_init_s).write(tmp)
-    os.replace(tmp, path)
+    FakeConfig(gpus=gpus, hang_init_s=hang_init_s).write(path, whole=True)
 
 
 def bus_id(lib: Path, config: Path, index: int) -> str:
@@ -75,13 +74,20 @@ def test_slurmd_health_check_drains_resumes_and_leaves_a_manual_drain_alone(tmp_
         f'RECONCILE_HEALTH_ARGS="--deadline 20s --journal {journal}"\n'
         f"export SLURM_CONF={cluster.conf} LD_LIBRARY_PATH={fake_lib} FAKE_NVML_CONFIG={config} "
         f"RECONCILE_KERNEL_LOG={nvml_env(fake_lib, config)['RECONCILE_KERNEL_LOG']} "
+        f"RECONCILE_SYSFS_PCI={nvml_env(fake_lib, config)['RECONCILE_SYSFS_PCI']} "
         f"RECONCILE_CACHE_DIR={tmp_path / 'cache'}\n")
 
     def after_more_runs(n: int) -> list[dict]:
-        """Wait until `n` more runs have written their line; return the new lines."""
-        seen = len(runs(journal))
-        wait_for(lambda: len(runs(journal)) >= seen + n, timeout=60, what=f"{n} more health-check runs")
-        return runs(journal)[seen:]
+        """Wait until `n` runs that started from now on have written their line; return those lines.
+        (A run already under way when something changes writes its line later, with what it saw
+        before: its `time` is its start, so it is left out.)"""
+        since = utc_iso(millis=True)
+
+        def started_since() -> list[dict]:
+            return [r for r in runs(journal) if r["time"] >= since]
+
+        wait_for(lambda: len(started_since()) >= n, timeout=60, what=f"{n} more health-check runs")
+        return started_since()
 
     with cluster:
         # Healthy: runs happen, the node takes jobs.

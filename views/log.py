@@ -2,7 +2,8 @@
 
 Journal lines (pipeline/engine.py, watch.py, doors/slurm.py) are grouped into events, oldest
 first: an apply run (its `intent` / `result` / `verified` lines, tied by `run`), a watch pass, a
-Slurm health run. An intent without its result is an action that may or may not have happened
+Slurm health run, a reboot's completion in the next boot (`rebooted`) and a person's `ack`
+(pipeline/recoveries.py). An intent without its result is an action that may or may not have happened
 (the apply was killed while it ran): said so, in words. Text output is aligned in columns like
 `git log --oneline` / `journalctl`, coloured as the text report is (views/text.py colour_wanted).
 """
@@ -43,6 +44,16 @@ def timeline(entries: Iterable[dict[str, Any]], resource: str | None = None,
             if r["pid"] is None:
                 r["pid"] = e.get("pid")
             _add_to_run(r, e)
+        elif kind == "rebooted":  # pipeline/recoveries.py: a reboot's intent (boot A) completed in boot B
+            if run and not str(e.get("intent_run", "")).startswith(run):
+                continue
+            if resource and e.get("resource") != resource:
+                continue
+            events.append(dict(e))
+        elif kind == "ack":  # `reconcile ack`: a person says a GPU's or the node's fault was serviced
+            if run or (resource and resource != "gpus"):
+                continue
+            events.append(dict(e))
         elif kind in ("watch-pass", "slurm-health"):
             if run:
                 continue
@@ -147,6 +158,14 @@ def render_text(events: list[dict[str, Any]], out: IO[str], style: Style, verbos
             out.write(f"{when}  {style('slurm-health', 'bold')} node {e.get('node')}  {e.get('command')}  "
                       f"{style(verdict, colour)}{'  action ' + str(e['action']) if e.get('action') else ''}"
                       f"  exit {e.get('exit_code')}{': ' + detail if detail else ''}\n")
+        elif e["event"] == "rebooted":
+            out.write(f"{when}  {style('rebooted', 'bold')} up in boot {str(e.get('boot', '?'))[:8]}  the reboot "
+                      f"requested at {e.get('requested', '?')} in boot {str(e.get('from_boot', '?'))[:8]} by run "
+                      f"{style(str(e.get('intent_run', '?')), 'cyan')}: {e.get('message', '')}\n")
+        elif e["event"] == "ack":
+            what = f"GPU {e['gpu']}" if e.get("gpu") else f"node {e.get('node') or '?'}"
+            out.write(f"{when}  {style('ack', 'bold')} {what} serviced, by {e.get('by', '?')}: {e.get('reason', '')}"
+                      " (its recovery caps and latched faults start again)\n")
     if not events:
         out.write("No journal entries in this window.\n")
 

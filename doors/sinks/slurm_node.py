@@ -8,10 +8,19 @@ A reason is reconcile's when it starts with `reconcile:`, the ownership prefix L
 resumed, and its reason never overwritten. `converging` (a job running towards its target)
 and plain `drift` (what `apply` would fix) never drain. Slurm stores a reason as given,
 newlines included, at any length: the reason is made one line and cut here.
+
+The fleet guard (`--max-drained`, docs/slurm.md "The fleet guard"): before a node in service is
+drained, every node's state is read from Slurm (`scontrol --all show node -o`); when, in any
+partition of the node, as many other nodes as the limit are already out of service (drained,
+down, failing, not responding or rebooting: by anyone), the drain is withheld and said so
+("would drain, but N of M ..."): the node stays up. A limit reached in one partition is enough
+(the strictest), and partitions that cannot be read withhold the drain too, as NVSentinel's
+fault-quarantine halts when its breaker cannot count nodes.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import time
@@ -42,13 +51,14 @@ class Verdict:
     reason: str = ""  # the drain reason when not healthy, with the ownership prefix
     problems: tuple[str, ...] = ()  # the resource ids (or "state file", "internal error") found bad
     timed_out: bool = False  # no verdict within the deadline
+    gate: str = ""  # issue 33 §2: why the validation gate has not passed in this boot ("" when it has)
 
 
 def verdict_of(doc: dict[str, Any]) -> Verdict:
     """Judge a report (its JSON form): any resource blocked or error makes the node unhealthy."""
     bad = [r for r in doc.get("resources", []) if r.get("status") in BAD_STATUSES]
     if not bad:
-        return Verdict(True)
+        return Verdict(True, gate=gate_pending(doc))
     first = bad[0]
     why = next((line for line in (first.get("message") or "").splitlines() if line.strip()), first["status"])
     why = why.strip().rstrip(";").rstrip()  # the plan joins its parts with "; "
@@ -64,11 +74,24 @@ def reason_text(what: str, tail: str = "") -> str:
     return one_line(f"{OWNER} {what}", MAX_REASON - len(tail)) + tail
 
 
+# What the fleet guard counts as out of service: scontrol's State= words (a base state and its
+# flags joined by "+") under which Slurm gives a node no new work, per sinfo(1) "NODE STATE
+# CODES": DRAIN (sinfo's DRAINING and DRAINED), DOWN, FAIL (FAIL, FAILING), NOT_RESPONDING (the
+# `*` suffix: "will not be allocated any new work"), REBOOT_ISSUED (`^`: rebooting now) and
+# INVALID_REG (sinfo's INVAL: registered with less than configured). Not counted: UNKNOWN (every
+# node, until it registers after slurmctld starts), REBOOT_REQUESTED alone (it runs jobs until
+# the reboot; `scontrol reboot ASAP` adds DRAIN), POWERED_DOWN and POWERING_* (power saving:
+# Slurm powers them up for a job), MAINT and RESERVED (reservations), PLANNED, COMPLETING.
+FLEET_OUT_OF_SERVICE = frozenset({"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "NOT_RESPONDING",
+                                  "REBOOT_ISSUED", "INVALID_REG", "INVAL"})
+
+
 @dataclass(frozen=True)
 class NodeState:
     name: str
     state: str  # as scontrol shows it: IDLE, IDLE+DRAIN, MIXED+DRAIN, DOWN+NOT_RESPONDING, ...
     reason: str = ""  # without the " [user@time]" scontrol appends
+    partitions: tuple[str, ...] = ()  # scontrol's Partitions= (none for a node in no partition)
 
     @property
     def flags(self) -> set[str]:
@@ -76,8 +99,13 @@ class NodeState:
 
     @property
     def out_of_service(self) -> bool:
-        """Drained, draining or down: takes no new jobs."""
+        """Drained, draining or down: whose drain it is decides what reconcile may do."""
         return bool({"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL"} & self.flags)
+
+    @property
+    def takes_no_jobs(self) -> bool:
+        """Out of service as the fleet guard counts it (FLEET_OUT_OF_SERVICE)."""
+        return bool(FLEET_OUT_OF_SERVICE & self.flags)
 
     @property
     def ours(self) -> bool:
@@ -86,7 +114,7 @@ class NodeState:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # "drain", "resume" or "none"
+    action: str  # "drain", "resume", "none", or "withheld" (a drain the fleet guard stopped)
     why: str
 
 
@@ -99,6 +127,9 @@ def decide(verdict: Verdict, node: NodeState) -> Decision:
         if node.out_of_service and node.reason == verdict.reason:
             return Decision("none", "already drained for this reason")
         return Decision("drain", verdict.reason)
+    if node.out_of_service and node.ours and verdict.gate:  # issue 33 §2
+        return Decision("none", f"converged, but {verdict.gate}: not resumed until it passes (`reconcile apply` "
+                                f"runs it); the drain is reconcile's ({node.reason})")
     if node.out_of_service and node.ours:
         return Decision("resume", f"converged again; the drain was reconcile's ({node.reason})")
     if node.out_of_service:
@@ -107,17 +138,136 @@ def decide(verdict: Verdict, node: NodeState) -> Decision:
     return Decision("none", "healthy")
 
 
+# --- issue 33 §2: a node reconcile drained returns only once the validation gate passed in this boot ---
+
+# The gpus kind's drift field until the gate passed (reconcilers/gpus/gate.py FIELD; a kind is not imported
+# from here, tests/test_layers.py; tests/test_slurm_gate.py holds the two equal).
+GATE_FIELD = "validated"
+
+
+def gate_pending(doc: dict[str, Any]) -> str:
+    """Why `gpus.validate` has not passed in this boot, from the run's report; "" when it has, or none is
+    declared. The gpus kind derives that drift from the gate's per-boot record (gate.read_result, this
+    boot's id) and the journal's recoveries (a reset or reboot since the last pass), so the record is read
+    in one place; a failed gate is `blocked`, which the verdict already counts as unhealthy."""
+    for r in doc.get("resources", []):
+        for d in r.get("drift") or ():
+            if d.get("field") == GATE_FIELD:
+                return f"the validation gate has not passed in this boot ({d.get('have')})"
+    return ""
+
+# --- end of issue 33 §2 ---------------------------------------------------------------------------
+
+
 _STATE = re.compile(r"(?:^| )State=(\S+)")
+_PARTITIONS = re.compile(r"(?:^| )Partitions=(\S+)")
 _REASON = re.compile(r" Reason=(.*?)(?: \[[^\]\s]*@[^\]\s]*\])?$")
 
 
 def parse_node(name: str, line: str) -> NodeState:
-    """One line of `scontrol show node NAME -o`; Reason is its last field, with ` [user@time]`."""
-    state = _STATE.search(line)
+    """One line of `scontrol show node NAME -o`; Reason is its last field, with ` [user@time]`
+    (the fields before it are read from the part before it: a reason may say anything)."""
+    line = line.rstrip("\n")
+    head = line.split(" Reason=", 1)[0]
+    state = _STATE.search(head)
     if not state:
         raise ValueError(f"no State= in scontrol's answer: {line[:200]!r}")
-    reason = _REASON.search(line.rstrip("\n"))
-    return NodeState(name, state.group(1), reason.group(1) if reason else "")
+    reason = _REASON.search(line)
+    partitions = _PARTITIONS.search(head)
+    return NodeState(name, state.group(1), reason.group(1) if reason else "",
+                     tuple(p for p in partitions.group(1).split(",") if p) if partitions else ())
+
+
+_NODE_NAME = re.compile(r"NodeName=(\S+)")
+
+
+def parse_nodes(text: str) -> list[NodeState]:
+    """Every node of `scontrol --all show node -o`, one line each."""
+    nodes = []
+    for line in text.splitlines():
+        name = _NODE_NAME.match(line)
+        if name:
+            nodes.append(parse_node(name.group(1), line))
+    if not nodes:
+        raise ValueError(f"no node in scontrol's answer: {text[:200]!r}")
+    return nodes
+
+
+# --- the fleet guard: plain data too ------------------------------------------------------
+
+@dataclass(frozen=True)
+class MaxDrained:
+    """`--max-drained`: a count of nodes (`3`) or a share of each partition (`10%`)."""
+
+    text: str  # as given: said back in every report
+    count: int | None = None
+    percent: float | None = None
+
+    def limit(self, nodes: int) -> int:
+        """How many out-of-service nodes of a partition of `nodes` stop a drain: the count, or
+        the share rounded up, as NVSentinel's breaker rounds (fault-quarantine/pkg/breaker,
+        `math.Ceil(totalNodes * TripPercentage / 100)`), so the first sick node of a small
+        partition can still be drained under a small share."""
+        if self.count is not None:
+            return self.count
+        assert self.percent is not None
+        return math.ceil(round(nodes * self.percent / 100, 9))
+
+
+def parse_max_drained(text: str) -> MaxDrained:
+    """`N` (nodes, 0 or more) or `P%` (0 to 100); ValueError with what is wrong otherwise."""
+    value = text.strip()
+    if re.fullmatch(r"\d+", value):
+        return MaxDrained(value, count=int(value))
+    share = re.fullmatch(r"(\d+(?:\.\d+)?)%", value)
+    if share and float(share.group(1)) <= 100:
+        return MaxDrained(value, percent=float(share.group(1)))
+    raise ValueError(f"invalid value {text!r}: a count of nodes (e.g. 3) or a share of the partition "
+                     "from 0% to 100% (e.g. 10%)")
+
+
+@dataclass(frozen=True)
+class PartitionCount:
+    partition: str
+    nodes: int  # M: the partition's nodes, this one included
+    out_of_service: int  # N: its other nodes that take no jobs (FLEET_OUT_OF_SERVICE)
+    limit: int  # MaxDrained.limit(nodes)
+
+    @property
+    def tripped(self) -> bool:
+        return self.out_of_service >= self.limit
+
+    def fields(self) -> dict[str, Any]:
+        return {"partition": self.partition, "nodes": self.nodes, "out_of_service": self.out_of_service,
+                "limit": self.limit}
+
+
+def count_partitions(node: NodeState, fleet: list[NodeState], max_drained: MaxDrained) -> list[PartitionCount]:
+    """For each partition of `node`, its size and how many of its other nodes are out of service."""
+    counts = []
+    for part in node.partitions:
+        members = [n for n in fleet if part in n.partitions and n.name != node.name]
+        size = len(members) + 1
+        counts.append(PartitionCount(part, size, sum(n.takes_no_jobs for n in members), max_drained.limit(size)))
+    return counts
+
+
+def fleet_guard(decision: Decision, counts: list[PartitionCount] | None, max_drained: MaxDrained,
+          unread: str = "") -> Decision:
+    """A drain withheld when a partition of the node is at its limit (any one: the strictest),
+    or when the partitions could not be read (`counts` None, `unread` saying why)."""
+    if decision.action != "drain":
+        return decision
+    if counts is None:
+        return Decision("withheld", f"would drain, but how many nodes of its partitions are out of service "
+                                    f"cannot be read from Slurm ({unread}): left in service")
+    tripped = [c for c in counts if c.tripped]
+    if not tripped:
+        return decision
+    said = " and ".join(f"{c.out_of_service} of {c.nodes} in partition {c.partition}" for c in tripped)
+    limits = ", ".join(f"{c.limit} in {c.partition}" for c in tripped)
+    return Decision("withheld", f"would drain, but {said} are already drained or down "
+                                f"(--max-drained {max_drained.text}: {limits}): left in service")
 
 
 def judge(run: Finished) -> Verdict:
@@ -169,6 +319,14 @@ class Scontrol:
         except ValueError as exc:
             raise SlurmError(str(exc)) from None
 
+    def nodes(self) -> list[NodeState]:
+        """Every node (`--all`: those of hidden partitions too)."""
+        out = self._run("--all", "show", "node", "-o")
+        try:
+            return parse_nodes(out)
+        except ValueError as exc:
+            raise SlurmError(str(exc)) from None
+
     def update(self, name: str, state: str, reason: str | None = None) -> None:
         args = ["update", f"nodename={name}", f"state={state}"]
         if reason is not None:
@@ -178,13 +336,15 @@ class Scontrol:
 
 class SlurmNode:
     """Drains or resumes NODE through `scontrol` by what a run found; `fields`, what it saw and
-    did, go to the health check's journal line (node_state, node_reason, action, reason|why)."""
+    did, go to the health check's journal line (node_state, node_reason, action, reason|why, and
+    with a fleet guard max_drained and the partitions counted)."""
 
     OPTIONS = ()  # made by `reconcile slurm-health` itself (doors/slurm.py), with its own options
 
-    def __init__(self, node: str, scontrol: Scontrol):
+    def __init__(self, node: str, scontrol: Scontrol, max_drained: MaxDrained | None = None):
         self.node = node
         self.scontrol = scontrol
+        self.max_drained = max_drained
         self.fields: dict[str, Any] = {}
 
     @classmethod
@@ -200,10 +360,22 @@ class SlurmNode:
         node = self.scontrol.node(self.node)
         decision = decide(verdict, node)
         self.fields.update(node_state=node.state, node_reason=node.reason)
+        if decision.action == "drain" and not node.out_of_service and self.max_drained is not None:
+            # A new drain (re-wording reconcile's own is not one): the guard counts first.
+            self.fields["max_drained"] = self.max_drained.text
+            counts, unread = None, ""
+            try:
+                counts = count_partitions(node, self.scontrol.nodes(), self.max_drained)
+                self.fields["partitions"] = [c.fields() for c in counts]
+            except SlurmError as exc:
+                unread = str(exc)
+            decision = fleet_guard(decision, counts, self.max_drained, unread)
         if decision.action == "drain":
             self.scontrol.update(self.node, "drain", decision.why)
         elif decision.action == "resume":
             self.scontrol.update(self.node, "resume")
         self.fields["action"] = decision.action
+        if decision.action == "withheld":
+            self.fields["reason"] = verdict.reason  # what the drain would have said
         self.fields["reason" if decision.action == "drain" else "why"] = decision.why
         return decision

@@ -4,14 +4,17 @@ checks operators run.
 Observed through NVML (the `pynvml` module of nvidia-ml-py) in a forked child: the gpus kind
 always describes the machine reconcile runs on. Without NVML it falls back to `nvidia-smi
 --query-...` CSV; with neither, the resource is an error. The kernel log adds the driver's Xid
-messages, judged by NVIDIA's Xid catalogue (xid.py, catalogue.py, health.py).
+messages, judged by NVIDIA's Xid catalogue (xid.py, catalogue.py, health.py). The PCI bus
+(sysfs: pcibus.py) holds the driver's list and `count`: a GPU gone from the driver is still named.
 
 Memory is freed by stopping the systemd unit a holder belongs to, or by signalling a process
 whose name the state allows to be killed — never by a blind `fuser -k /dev/nvidia*`: a holder
 that is neither is reported and left alone. A unit killed from outside with Restart=always
 comes back; a stop through systemd does not, which is why units are stopped rather than their
 processes killed. A GPU that must not run jobs is `blocked` with the step a person must take:
-reconcile never resets a GPU or reboots a node itself.
+reconcile never resets a GPU or reboots a node itself, unless the state declares `recover` (recovery.py:
+the step carried out within caps counted from the journal) with `validate` (gate.py: an active check
+that must pass before recovered GPUs count as healthy).
 
 The declared settings (`gpus.settings`: persistence, power limit, compute mode, clocks, MIG, ECC)
 are read with the GPUs, planned per GPU per setting (settings.py) and set through NVML's setters
@@ -43,12 +46,14 @@ from ...core.contract import (
 from ...core.host import CommandTimeout
 from ...core.values import never_answers, parse_duration, parse_size
 from ..containers.refs import containers_of
-from . import health
+from . import health, pcibus
 from .checks import check_blocked, check_drift, parse_checks
+from .gate import FIELD as GATE_FIELD
+from .gate import gate_drift_have, gate_lines, gate_plan, parse_validate, read_result, run_gate
 from .kernel_log import read_kernel_log
 from .memory import UNKNOWN, counted_used, memory_lines, memory_plan, mib
 from .nvml import INIT_HINTS, NvmlUnavailable, nvml_observe
-from .observed import Gpu, GpusObserved, GpuUse, Holder, SettingsHost
+from .observed import Gpu, GpusObserved, GpuUse, Holder, RecoveryHost, SettingsHost
 from .procfs import (
     DEFAULT_DEV_GLOB,
     DEFAULT_PROC_GPUS,
@@ -60,6 +65,10 @@ from .procfs import (
     proc_info,
     scan_device_holders,
 )
+from .recovery import History, nvswitches, parse_recover, recover_problems, recovery_plan
+from .recovery import boot_id as recovery_boot_id
+from .recovery import reboot as reboot_node
+from .recovery import reset as reset_gpu
 from .setters import Setters, boot_id, locked_of, read_locked, unit_action
 from .settings import PERSISTENCED, declared, freed_pids, parse_settings, settings_drift, settings_plan
 from .settings import settings_problems as _settings_problems
@@ -85,6 +94,7 @@ DEFAULT_GRACE = 10.0
 KILL_WAIT = 5.0  # after SIGKILL: a process stuck in D-state may take a moment; longer means trouble
 STOP_TIMEOUT = 120.0
 SMI_TIMEOUT = 30.0
+HISTORY_MIN = 86400.0  # the journal is read back at least this far for recoveries and acks
 # nvidia-smi's words when NVML cannot start -> the NVML error code whose hint applies.
 SMI_INIT_FAILURES = {"version mismatch": 18, "insufficient permissions": 4,
                      "couldn't communicate with the nvidia driver": 9, "driver not loaded": 9}
@@ -152,13 +162,16 @@ class GpusReconciler(Reconciler):
             "observe_timeout": parse_duration(section.get("observe_timeout", DEFAULT_OBSERVE_TIMEOUT)),
             "checks": parse_checks(section.get("checks")),
             "settings": parse_settings(section.get("settings")),
+            "recover": parse_recover(section.get("recover")),
+            "validate": parse_validate(section.get("validate")),
         }
         settle = parse_duration(section.get("settle", DEFAULT_SETTLE))
         return [Resource(id="gpus", kind=self.kind, name="gpus", spec=spec,
                          needs=tuple(section.get("needs", ())), settle=settle)]
 
     def problems(self, section: Mapping[str, Any]) -> list[tuple[tuple, str]]:
-        return never_answers([((), section)], "observe_timeout") + _settings_problems(section)
+        return (never_answers([((), section)], "observe_timeout") + _settings_problems(section)
+                + recover_problems(section))
 
     # --- observe ---
 
@@ -168,8 +181,12 @@ class GpusReconciler(Reconciler):
     def observe(self, host: Host, resources: Sequence[Resource]) -> dict[str, Any]:
         if not resources:
             return {}
-        checks = resources[0].spec.get("checks") or {}
-        obs = self._observe(host, checks, declared(resources[0].spec.get("settings")))
+        spec = resources[0].spec
+        obs = self._observe(host, spec.get("checks") or {}, declared(spec.get("settings")))
+        if spec.get("recover") or spec.get("validate"):
+            boot = recovery_boot_id()
+            unit = _persistenced(host)[0] if (spec.get("recover") or {}).get("reset") else None
+            obs = replace(obs, recovery=RecoveryHost(boot, nvswitches(), read_result(boot), unit))
         return {r.id: obs for r in resources}
 
     def _observe(self, host: Host, checks: Mapping[str, Any], settings: frozenset[str] = frozenset()) -> GpusObserved:
@@ -199,11 +216,17 @@ class GpusReconciler(Reconciler):
         gpus = [health.judge(g, events, log) for g in gpus]
         for g in gpus:
             notes.extend(f"GPU {g.index}: could not read {e}" for e in g.read_errors)
+        # --- the PCI bus, held against the driver's list (issue 33 §4: pcibus.py) ---
+        bus = pcibus.with_visibility(pcibus.read_pci_bus(pcibus.sysfs_root()),
+                                     gpu_minors(os.environ.get(PROC_GPUS_ENV) or DEFAULT_PROC_GPUS))
+        if (wrong := pcibus.disagreement(gpus, bus)) is not None:
+            raise ObserveError(wrong)
+        # --- end of the PCI bus ---
         setting = None
         if settings:
             setting, gpus = self._settings_host(host, settings, gpus, log.last_init if log else "")
         return GpusObserved(source, driver, tuple(gpus), tuple(holders), tuple(events), tuple(notes), cuda, log,
-                            setting)
+                            setting, pci_bus=bus)
 
     @staticmethod
     def _settings_host(host: Host, settings: frozenset[str], gpus: list[Gpu], driver_load: str
@@ -325,6 +348,7 @@ class GpusReconciler(Reconciler):
                     drift.append(Drift(f"gpu{g.index}.healthy", True, False if g.health == "unhealthy" else UNKNOWN))
             for pci in dict.fromkeys(e.pci for e in health.unlisted_events(observed.gpus, observed.xids)):
                 drift.append(Drift(f"gpu@{pci}.healthy", True, False))
+        drift.extend(d for d in pcibus.bus_drift(spec, observed) if d not in drift)  # the PCI bus (issue 33 §4)
         limit = spec.get("max_memory_used")
         if limit is not None:
             for g in observed.gpus:
@@ -337,7 +361,20 @@ class GpusReconciler(Reconciler):
         own = {d.field for d in wanted}
         drift.extend(d for d in check_drift(spec, observed) if d.field not in own)
         drift.extend(wanted)
+        if spec.get("validate") and observed.recovery is not None:
+            have = gate_drift_have(spec["validate"], observed.recovery.gate, self._history(spec, observed, None))
+            if have:
+                drift.append(Drift(GATE_FIELD, "passed", have))
         return drift
+
+    def _history(self, spec: Mapping[str, Any], observed: GpusObserved, ctx: Context | None) -> History | None:
+        """What the journal says reconcile did to these GPUs recently (recovery.py); None without one."""
+        ctx = ctx or self.context
+        if ctx is None or observed.recovery is None:
+            return None
+        rec = spec.get("recover") or {}
+        now = time.time()
+        return History.read(ctx, now - max(float(rec.get("window", 0.0)), HISTORY_MIN), observed.recovery.boot_id, now)
 
     def settles(self, drift: Sequence[Drift]) -> bool:
         # Only memory still being released is worth waiting for; health, checks and memory that
@@ -351,8 +388,11 @@ class GpusReconciler(Reconciler):
         if "count" in fields:
             blocked.append(f"expected {spec['count']} GPUs, found {len(observed.gpus)}: a person must check the "
                            "hardware and driver (nvidia-smi -L, the kernel log)")
+        history = self._history(spec, observed, ctx) if spec.get("recover") or spec.get("validate") else None
+        recovery = recovery_plan(spec, observed, fields, ctx, history)
+        blocked.extend(recovery.blocked)
         for g in observed.gpus:
-            if f"gpu{g.index}.healthy" not in fields:
+            if f"gpu{g.index}.healthy" not in fields or g.index in recovery.handled:
                 continue
             if g.health == "unhealthy":
                 blocked.append(f"{g.label} must not run jobs: {g.step}. Why: {'; '.join(g.problems)}")
@@ -362,6 +402,8 @@ class GpusReconciler(Reconciler):
             if f"gpu@{ev.pci}.healthy" in fields:
                 blocked.append(f"the GPU at PCI {ev.pci}, which the driver does not list, must not run jobs: "
                                f"{ev.step}. Why: {ev.describe()} [NVIDIA Xid catalogue: {ev.why}]")
+        blocked.extend(pcibus.bus_blocked(spec, observed, fields, {  # the PCI bus (issue 33 §4)
+            f"gpu@{ev.pci}.healthy" for ev in health.unlisted_events(observed.gpus, observed.xids)}))
         actions, notes, mem_blocked = memory_plan(spec, observed, fields, ctx)
         blocked.extend(mem_blocked)
         own = {d.field for d in settings_drift(spec.get("settings"), observed, bool(spec.get("healthy")))}
@@ -371,15 +413,26 @@ class GpusReconciler(Reconciler):
         actions.extend(settings.actions)
         blocked.extend(settings.blocked)
         notes.extend(settings.notes)
+        notes.extend(recovery.notes)
+        planned = {(a.action, a.target) for a in actions}
+        actions.extend(a for a in recovery.actions if (a.action, a.target) not in planned)
+        actions.sort(key=lambda a: a.ends_run)  # a reboot is the last thing done
+        if spec.get("validate") and observed.recovery is not None and GATE_FIELD in fields:
+            ready = not actions and not any(f.endswith(".healthy") for f in fields)
+            gate_actions, gate_blocked = gate_plan(spec["validate"], observed.recovery.gate, history, ready)
+            actions.extend(gate_actions)
+            blocked.extend(gate_blocked)
         # A pending MIG/ECC change is converging only when nothing else is to be done or blocked.
         converging = "; ".join(settings.pending) if settings.pending and not actions and not blocked else None
         if settings.pending and not converging:
             notes.extend(settings.pending)
-        message = "\n".join([*notes, *memory_lines(observed, spec), *self._xid_lines(observed)]) if drift else ""
+        notes.extend(pcibus.bus_notes(observed))  # the PCI bus (issue 33 §4)
+        gate = gate_lines(spec.get("validate"), observed.recovery.gate if observed.recovery else None)
+        message = "\n".join([*notes, *memory_lines(observed, spec), *gate, *self._xid_lines(observed)]) if drift else ""
         if (blocked or converging) and message:
             message = "\n" + message  # the report joins blocked and message on one line otherwise
         return Plan(actions=tuple(actions), blocked="\n".join(blocked) or None, converging=converging,
-                    message=message)
+                    message=message, caveats=pcibus.bus_caveats(observed))
 
     @staticmethod
     def _xid_lines(observed: GpusObserved) -> list[str]:
@@ -394,6 +447,12 @@ class GpusReconciler(Reconciler):
     def apply(self, host: Host, resource: Resource, action: Action) -> str:
         if action.action == "set":
             return self._setters.set(host, action)
+        if action.action == "reset":
+            return reset_gpu(host, action.params, self._setters)
+        if action.action == "reboot":
+            return reboot_node(host, action.params)
+        if action.action == "validate":
+            return run_gate(host, action.params, recovery_boot_id())
         if action.action in ("start", "enable", "disable", "unmask") or (
                 action.action == "stop" and action.target == PERSISTENCED):
             return unit_action(host, action)

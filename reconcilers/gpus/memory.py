@@ -120,46 +120,7 @@ def memory_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[str
     seen_units: set[str] = set()
     seen_containers: set[str] = set()
     for h, hit in suspects:
-        what = f"{h.label()} {holding(h, hit)}"
-        if h.container is not None and not h.container.unit and h.container.id in seen_containers:
-            continue
-        if h.container is not None and not h.container.unit:
-            seen_containers.add(h.container.id)
-            _container_plan(h, what, free, ctx, actions, notes, blocked)
-        elif not h.visible:
-            blocked.append(f"pid {h.pid} {holding(h, hit)} is not visible from here (another PID "
-                           "namespace or container?): free it where it runs")
-        elif h.pid <= 1 or h.pid == os.getpid():
-            blocked.append(f"{what}: PID 1 and reconcile itself are never signalled")
-        elif (h.unit or (h.container and h.container.unit)) and free.get("stop_units"):
-            unit = h.container.unit if h.container and h.container.unit else h.unit
-            if unit in seen_units:
-                continue
-            seen_units.add(unit)
-            h = replace(h, unit=unit)  # a container a unit runs is freed through the unit
-            declared = ctx.resources.get(f"unit:{h.unit}")
-            if declared is not None and declared.spec.get("active") is False:
-                notes.append(f"{what}: freed by unit:{h.unit} (declared active: false, acted on first)")
-            elif declared is not None:
-                blocked.append(f"{what} belongs to {h.unit}, which the state declares active: add "
-                               f"unit:{h.unit} to gpus.allow or declare it active: false")
-            else:
-                actions.append(Action("stop", h.unit, f"stop unit {h.unit} ({what})", {"unit": h.unit}))
-        elif h.container is not None:
-            blocked.append(f"{what}, run by {h.container.unit}, is not in gpus.allow and stop_units is off: "
-                           "nothing was signalled (a container's processes never are)")
-        elif _killable(h, free.get("kill", ())):
-            verb = f"terminate {h.pid} ({h.name}) {holding(h, hit)}"
-            if h.unit:
-                verb += f" [in {h.unit}: with Restart= it may come back; stop_units is off]"
-            actions.append(Action("terminate", f"pid {h.pid}", verb, {
-                "pid": h.pid, "name": h.name, "starttime": h.starttime,
-                "grace": free.get("grace", DEFAULT_GRACE)}))
-        else:
-            where = f" in {h.unit}" if h.unit else ""
-            blocked.append(f"{what}{where} is not in gpus.allow"
-                           + (" and stop_units is off" if h.unit else "")
-                           + " nor matched by free_with.kill: nothing was signalled")
+        free_holder(h, hit, free, ctx, (seen_units, seen_containers), actions, notes, blocked)
     unmapped = [g.index for g in observed.gpus if g.minor is None]
     for g in over:
         # Still over the limit with every listed holder gone, and no device-file holder to blame.
@@ -172,6 +133,54 @@ def memory_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[str
             blocked.append(f"GPU {g.index}: {mib(unexplained[g.index])} held by no process visible here ({why})")
     return actions, notes, blocked
 
+
+def free_holder(h: Holder, hit: Sequence[int], free: Mapping[str, Any], ctx: Context,
+                seen: tuple[set[str], set[str]], actions: list[Action], notes: list[str], blocked: list[str]) -> None:
+    """How one holder outside `allow` of the GPUs HIT is freed, as `free_with` allows (its unit
+    stopped, its container stopped through the engine, the process terminated), or why it is not:
+    appended to ACTIONS, NOTES or BLOCKED. SEEN: the units and containers already planned (one stop
+    each). Also how a GPU is freed before it is reset (recovery.py)."""
+    seen_units, seen_containers = seen
+    what = f"{h.label()} {holding(h, hit)}"
+    if h.container is not None and not h.container.unit and h.container.id in seen_containers:
+        return
+    if h.container is not None and not h.container.unit:
+        seen_containers.add(h.container.id)
+        _container_plan(h, what, free, ctx, actions, notes, blocked)
+    elif not h.visible:
+        blocked.append(f"pid {h.pid} {holding(h, hit)} is not visible from here (another PID "
+                       "namespace or container?): free it where it runs")
+    elif h.pid <= 1 or h.pid == os.getpid():
+        blocked.append(f"{what}: PID 1 and reconcile itself are never signalled")
+    elif (h.unit or (h.container and h.container.unit)) and free.get("stop_units"):
+        unit = h.container.unit if h.container and h.container.unit else h.unit
+        if unit in seen_units:
+            return
+        seen_units.add(unit)
+        h = replace(h, unit=unit)  # a container a unit runs is freed through the unit
+        declared = ctx.resources.get(f"unit:{h.unit}")
+        if declared is not None and declared.spec.get("active") is False:
+            notes.append(f"{what}: freed by unit:{h.unit} (declared active: false, acted on first)")
+        elif declared is not None:
+            blocked.append(f"{what} belongs to {h.unit}, which the state declares active: add "
+                           f"unit:{h.unit} to gpus.allow or declare it active: false")
+        else:
+            actions.append(Action("stop", h.unit, f"stop unit {h.unit} ({what})", {"unit": h.unit}))
+    elif h.container is not None:
+        blocked.append(f"{what}, run by {h.container.unit}, is not in gpus.allow and stop_units is off: "
+                       "nothing was signalled (a container's processes never are)")
+    elif _killable(h, free.get("kill", ())):
+        verb = f"terminate {h.pid} ({h.name}) {holding(h, hit)}"
+        if h.unit:
+            verb += f" [in {h.unit}: with Restart= it may come back; stop_units is off]"
+        actions.append(Action("terminate", f"pid {h.pid}", verb, {
+            "pid": h.pid, "name": h.name, "starttime": h.starttime,
+            "grace": free.get("grace", DEFAULT_GRACE)}))
+    else:
+        where = f" in {h.unit}" if h.unit else ""
+        blocked.append(f"{what}{where} is not in gpus.allow"
+                       + (" and stop_units is off" if h.unit else "")
+                       + " nor matched by free_with.kill: nothing was signalled")
 
 def _container_plan(h: Holder, what: str, free: Mapping[str, Any], ctx: Context, actions: list[Action],
                     notes: list[str], blocked: list[str]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from ..containers.observed import ContainerRef
 
 MIB = 2**20
+NVIDIA_DRIVER = "nvidia"  # the kernel module's PCI driver name (nvidia.ko registers "nvidia")
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,8 @@ class GpusObserved:
     cuda_version: str | None = None  # the CUDA version the driver supports ("13.1")
     kernel_log: KernelLog | None = None
     settings_host: SettingsHost | None = None  # None: no setting declared
+    recovery: RecoveryHost | None = None  # None: neither `recover` nor `validate` declared
+    pci_bus: PciBus | None = None  # the NVIDIA GPUs on the PCI bus (pcibus.py); None: not read
 
 
 @dataclass(frozen=True)
@@ -214,3 +217,43 @@ class SettingsHost:
     persistenced_note: str = ""
     boot_id: str = ""  # /proc/sys/kernel/random/boot_id: locked clocks recorded in another boot are gone
     driver_load: str = ""  # the kernel log's last boot/driver-load line: the same for a driver reload
+
+
+@dataclass(frozen=True)
+class RecoveryHost:
+    """What recovering the GPUs depends on beyond the GPUs (recovery.py, gate.py): this boot, whether
+    the GPUs are reset only together, and the validation gate's result in this boot."""
+
+    boot_id: str = ""  # /proc/sys/kernel/random/boot_id ($RECONCILE_BOOT_ID_FILE)
+    nvswitches: tuple[str, ...] = ()  # NVSwitch devices: GPUs reset only together, with the fabric manager
+    gate: Any = None  # gate.GateResult of this boot; None: the gate has not run in this boot
+    # nvidia-persistenced.service as systemd reports it (read when `recover.reset` is declared): a
+    # reset turns persistence mode off through it when it runs; None: not installed or not known.
+    persistenced: Any = None
+
+
+@dataclass(frozen=True)
+class BusGpu:
+    """One NVIDIA display or 3D controller on the PCI bus."""
+
+    address: str  # as sysfs names it: "0000:3b:00.0"
+    device: str  # the PCI device id: "0x2330"
+    pci_class: str  # "0x030200"
+    driver: str | None  # the bound driver ("nvidia", "vfio-pci"); None: none
+
+    @property
+    def for_this_host(self) -> bool:
+        """Meant for the NVIDIA driver here: bound to it, or to nothing (its probe did not take it)."""
+        return self.driver in (None, NVIDIA_DRIVER)
+
+
+@dataclass(frozen=True)
+class PciBus:
+    """What sysfs shows of the NVIDIA GPUs on the PCI bus; `readable` False: nothing is known."""
+
+    root: str
+    readable: bool = True
+    note: str = ""  # why it is not readable
+    gpus: tuple[BusGpu, ...] = ()
+    # GPUs the driver's /proc lists other GPUs but not these: a container given some of the GPUs.
+    not_visible: tuple[str, ...] = ()

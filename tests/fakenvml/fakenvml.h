@@ -81,6 +81,8 @@ struct fake_gpu {
     int nmem_clocks, ngr_clocks;
     unsigned clock_gr; /* the graphics clock the GPU runs at when nothing holds it (locked clocks clamp it) */
     int mig_pending, ecc, ecc_pending;
+    int broken;        /* a reset does not mend it: its faults read the same after one */
+    int reset_cleared; /* a reset took away the RESET_REQUIRED error the config gives it */
     char fail[256];    /* call:error,... : that call alone returns that error */
     char lose_on[64];  /* the GPU falls off the bus at this call: lost from then on, in every process */
     char hang_on[64];  /* this call blocks (a wedged driver) */
@@ -129,6 +131,7 @@ nvmlReturn_t copy_str(const char *src, char *dst, unsigned int length);
 /* The fake's own exports (not NVML): what a GPU reset, a reboot and nvidia-persistenced do, called by the
  * tests through ctypes (fakenvml_settings.c). */
 int fake_nvml_reset_gpu(unsigned index);
+int fake_nvml_index_of_bus(const char *bus);
 int fake_nvml_reboot(void);
 int fake_nvml_persistenced(int on);
 

@@ -25,6 +25,7 @@
  * it starts (on, its default) and stops (off); tests/fakenvml/persistenced.py calls it.
  *
  * `hang_on=set_power` makes that call block for an hour, as a setter on a wedged driver does.
+ * `broken=1`: a GPU a reset does not mend (its faults read the same after fake_nvml_reset_gpu).
  *
  * Call names (for error_on=, fail=, lose_on=, hang_on=): power_limit compute app_clocks supported_clocks
  * clock ecc_mode set_persistence set_power set_compute set_app_clocks reset_app_clocks set_locked
@@ -96,7 +97,14 @@ int settings_key(fake_gpu *g, const char *key, const char *val) {
     else if (!strcmp(key, "fail")) snprintf(g->fail, sizeof g->fail, "%s", val);
     else if (!strcmp(key, "lose_on")) snprintf(g->lose_on, sizeof g->lose_on, "%s", val);
     else if (!strcmp(key, "hang_on")) snprintf(g->hang_on, sizeof g->hang_on, "%s", val);
-    else if (!strcmp(key, "fell_off")) {
+    else if (!strcmp(key, "broken")) g->broken = (int)n;
+    else if (!strcmp(key, "reset_cleared")) {
+        if (n && g->error == NVML_ERROR_RESET_REQUIRED) {
+            g->error = NVML_SUCCESS;
+            g->error_on[0] = 0;
+            g->reset_cleared = 1;
+        }
+    } else if (!strcmp(key, "fell_off")) {
         if (n) {
             g->error = NVML_ERROR_GPU_IS_LOST;
             snprintf(g->error_on, sizeof g->error_on, "all");
@@ -156,10 +164,12 @@ void save_state(void) {
     for (unsigned i = 0; i < ngpus; i++) {
         const fake_gpu *g = &gpus[i];
         fprintf(f, "state index=%u persistence=%u power_limit_mw=%u compute_mode=%u app_mem=%u app_gr=%u "
-                   "locked_min=%u locked_max=%u mig=%d mig_pending=%d ecc=%d ecc_pending=%d fell_off=%d\n",
+                   "locked_min=%u locked_max=%u mig=%d mig_pending=%d ecc=%d ecc_pending=%d fell_off=%d "
+                   "ecc_volatile=%llu remap_pending=%d retired_pending=%d recovery=%u reset_cleared=%d\n",
                 i, g->persistence, g->power_limit_mw, g->compute_mode, g->app_mem, g->app_gr, g->locked_min,
                 g->locked_max, g->mig, g->mig_pending, g->ecc, g->ecc_pending,
-                g->error == NVML_ERROR_GPU_IS_LOST && has_word(g->error_on, "all") && g->lose_on[0]);
+                g->error == NVML_ERROR_GPU_IS_LOST && has_word(g->error_on, "all") && g->lose_on[0],
+                g->ecc_volatile, g->remap_pending, g->retired_pending, g->recovery, g->reset_cleared);
     }
     if (fclose(f) == 0) rename(tmp, path);
     else unlink(tmp);
@@ -407,23 +417,57 @@ nvmlReturn_t nvmlDeviceSetEccMode(nvmlDevice_t dev, unsigned mode) {
 
 /* --- what a GPU reset and a reboot do (tests call these through ctypes) ---------------------- */
 
-/* `nvidia-smi -r -i INDEX`: refused while a process holds the GPU; makes a pending MIG mode
- * current and drops the clocks set on it. */
+/* `nvidia-smi -r -i INDEX`, as real drivers do it:
+ * - a lost GPU is not brought back (nvidia-smi: "GPU is lost. Reboot the system to recover this GPU");
+ * - refused (IN_USE, nvidia-smi's "In use by another client") while a process holds the GPU, and while
+ *   persistence mode is on: it counts as an attachment to the device (NVIDIA/NVSentinel#1690, gpu-operator#118);
+ * - done: a pending MIG mode becomes current, clocks set on it are lost; the volatile ECC counts start
+ *   again at 0, a pending row remap and pending page retirements take effect (NVIDIA GPU Memory Error
+ *   Management, Dynamic Page Retirement: "at the next reset"), the driver's recovery action is none, and
+ *   a RESET_REQUIRED error is gone. A row-remap failure stays (no spare rows are left).
+ * - `broken=1`: hardware a reset does not mend: its faults read the same after it. */
 int fake_nvml_reset_gpu(unsigned index) {
     if (load_config() != 0 || index >= ngpus) return NVML_ERROR_INVALID_ARGUMENT;
     fake_gpu *g = &gpus[index];
-    nvmlReturn_t r = busy(g) ? NVML_ERROR_IN_USE : NVML_SUCCESS;
+    nvmlReturn_t r = NVML_SUCCESS;
+    if (g->error == NVML_ERROR_GPU_IS_LOST) r = NVML_ERROR_GPU_IS_LOST;
+    else if (busy(g) || g->persistence == 1) r = NVML_ERROR_IN_USE;
     if (!r) {
         g->mig = g->mig_pending;
         g->locked_min = g->locked_max = 0;
         g->app_mem = g->app_default_mem;
         g->app_gr = g->app_default_gr;
+        if (!g->broken) {
+            g->ecc_volatile = 0;
+            g->remap_pending = 0;
+            g->retired_pending = 0;
+            g->recovery = 0;
+            if (g->error == NVML_ERROR_RESET_REQUIRED) {
+                g->error = NVML_SUCCESS;
+                g->error_on[0] = 0;
+                g->reset_cleared = 1;
+            }
+        }
     }
     return done("reset", g, "", r);
 }
 
+/* The index of the GPU at a PCI bus id as nvidia-smi -i takes it (00000000:41:00.0, any case, with or
+ * without the domain's leading zeros); -1 when no GPU is there. For the nvidia-smi stand-in. */
+int fake_nvml_index_of_bus(const char *bus) {
+    unsigned dom, b, dev, fn = 0;
+    if (load_config() != 0 || !bus || sscanf(bus, "%x:%x:%x.%x", &dom, &b, &dev, &fn) < 3) return -1;
+    for (unsigned i = 0; i < ngpus; i++) {
+        unsigned d2, b2, v2, f2 = 0;
+        if (sscanf(gpus[i].bus, "%x:%x:%x.%x", &d2, &b2, &v2, &f2) >= 3 && d2 == dom && b2 == b && v2 == dev && f2 == fn)
+            return (int)i;
+    }
+    return -1;
+}
+
 /* A reboot: pending MIG and ECC modes become current; power limit, compute mode, clocks and
- * persistence mode are lost (none of them survives a driver unload). */
+ * persistence mode are lost (none of them survives a driver unload); the GPUs are reset with the node
+ * (what a reset clears, a reboot clears, unless `broken`). */
 int fake_nvml_reboot(void) {
     if (load_config() != 0) return NVML_ERROR_DRIVER_NOT_LOADED;
     for (unsigned i = 0; i < ngpus; i++) {
@@ -436,6 +480,12 @@ int fake_nvml_reboot(void) {
         g->app_gr = g->app_default_gr;
         g->locked_min = g->locked_max = 0;
         g->persistence = 0;
+        if (!g->broken) { /* the GPU is reset with the node (a lost GPU in the config stays lost) */
+            g->ecc_volatile = 0;
+            g->remap_pending = 0;
+            g->retired_pending = 0;
+            g->recovery = 0;
+        }
     }
     return done("reboot", NULL, "", NVML_SUCCESS);
 }

@@ -244,6 +244,33 @@ def compare_count(nvml: Mapping[str, Any], csv_rows: list[dict], xml: tuple[int 
     return out
 
 
+def parse_lspci_vmm(text: str) -> list[dict[str, str]]:
+    """`lspci -D -vmmnk`: one dict per device (Slot, Class, Vendor, Device, ProgIf, Driver)."""
+    blocks = (dict(line.split(":\t", 1) for line in b.splitlines() if ":\t" in line) for b in text.split("\n\n"))
+    return [b for b in blocks if b]
+
+
+def compare_pci_bus(nvml: Mapping[str, Any], lspci: list[dict[str, str]] | None) -> list[dict]:
+    """Reconcile's PCI bus reading (pcibus.py) against lspci's, and the driver's count against the
+    bus's: read-only, as the section is (nothing is reset, unbound or rescanned). LSPCI None: lspci
+    could not be run (each check then `absent`)."""
+    bus = nvml.get("pci_bus") or {}
+    mine = [g["address"] for g in bus.get("gpus", ())] if bus.get("readable") else None
+    gpus = None if lspci is None else [d for d in lspci if d.get("Vendor") == "10de" and d.get("Class") in
+                                       ("0300", "0302")]
+    theirs = None if gpus is None else sorted(d["Slot"] for d in gpus)
+    out = [check("pci-bus", None, "NVIDIA GPUs on the bus (lspci -d 10de::0300/0302)", mine, theirs)]
+    drivers = {g["address"]: g.get("driver") for g in bus.get("gpus", ())}
+    for d in gpus or ():
+        out.append(check("pci-bus", d["Slot"], "bound driver (lspci -k)", drivers.get(d["Slot"]), d.get("Driver")))
+    listed = sorted(bus_key(g["bus_id"]) for g in nvml["gpus"])
+    on_bus = None if mine is None else sorted(g["address"] for g in bus.get("gpus", ())
+                                              if g.get("driver") in (None, "nvidia"))
+    out.append(check("pci-bus", None, "the driver's GPUs are the bus's (NVML bus ids vs the bus)", listed, on_bus,
+                     note="a GPU on the bus the driver does not list has fallen off it"))
+    return out
+
+
 def compare_fields(section: str, nvml: Mapping[str, Any], rows: list[dict], refused: Iterable[str] = ()
                    ) -> list[dict]:
     """Reconcile's NVML reading against one nvidia-smi report (CSV rows or XML GPUs), GPU by UUID."""

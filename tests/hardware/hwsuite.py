@@ -9,7 +9,9 @@ short still leaves what it found):
    `nvidia-smi -q -x`, /proc/driver/nvidia/gpus/*/information and reconcile's nvidia-smi
    fallback (observe.py smi), read one after the other within a second or two; compared by
    hwcompare.py (count, UUIDs, bus ids, minors, memory, ECC and remapping, persistence, MIG,
-   clocks, power limits and constraints, PCIe, the health verdict of both paths);
+   clocks, power limits and constraints, PCIe, the health verdict of both paths), and the PCI
+   bus reconcile reads against `lspci -D -vmmnk` and the driver's list (read-only: nothing is
+   reset, unbound or rescanned);
 2. xid: the Xid events reconcile found against the kernel log's `NVRM: Xid` lines;
 3. holder: a real CUDA context (torch's CUDA build, else a C program compiled here against
    libcuda.so.1, else a process holding /dev/nvidiaN open) run as a transient systemd unit
@@ -241,10 +243,24 @@ class Suite:
         self.section("q-x", hc.compare_fields("q-x", nvml, xml[1]), note)
         self.section("minors", hc.compare_minors(nvml, xml[1], proc, proc_readable),
                      note if proc_readable else f"{self.rig.proc_dir} not readable")
+        self.section("pci-bus", *self.pci_bus(nvml))
         path_checks = hc.compare_paths(nvml, smi)
         self.section("smi-path", [c for c in path_checks if c["section"] == "smi-path"], note)
         self.section("health", [c for c in path_checks if c["section"] == "health"],
                      "; ".join(f"GPU {g['index']}: {g['health']}" for g in nvml["gpus"]))
+
+    def pci_bus(self, nvml: dict[str, Any]) -> tuple[list[dict], str]:
+        """lspci's NVIDIA GPUs and their drivers against reconcile's bus reading (read-only)."""
+        sysfs = self.rig.env.get("RECONCILE_SYSFS_PCI")
+        where = ["-A", "linux-sysfs", "-O", f"sysfs.path={sysfs}"] if sysfs else []
+        try:
+            proc = self.run(["lspci", *where, "-D", "-vmmnk"], timeout=60)
+        except OSError as exc:
+            return hc.compare_pci_bus(nvml, None), f"lspci not run: {exc}"
+        if proc.returncode:
+            return hc.compare_pci_bus(nvml, None), f"lspci exited {proc.returncode}: {proc.stderr.strip()[-300:]}"
+        note = "" if (nvml.get("pci_bus") or {}).get("readable") else (nvml.get("pci_bus") or {}).get("note", "")
+        return hc.compare_pci_bus(nvml, hc.parse_lspci_vmm(proc.stdout)), note
 
     # --- 2. the kernel log ---
 
