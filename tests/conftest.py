@@ -183,6 +183,33 @@ def pytest_runtest_logreport(report):
             _SKIPPED_IN_CI.append(f"{report.nodeid}: {reason}")
 
 
+# Tests write only into temporary directories and namespaces. The kinds' records go to a
+# session-wide temporary state directory unless a test names its own (every reconcile the tests
+# start inherits it); what still lands in the machine's own /var/lib/reconcile (a root apply
+# without --journal) is listed at the end of the run, to be fixed in the test that wrote it.
+_HOST_DIR = "/var/lib/reconcile"
+_HOST_SEEN: dict[str, float] = {}
+
+
+def _host_files() -> dict[str, float]:
+    found = {}
+    for folder, _dirs, files in os.walk(_HOST_DIR):
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                found[path] = os.stat(path).st_mtime
+            except OSError:
+                pass
+    return found
+
+
+def pytest_sessionstart(session):
+    import tempfile
+
+    os.environ.setdefault("RECONCILE_STATE_DIR", tempfile.mkdtemp(prefix="reconcile-test-state-"))
+    _HOST_SEEN.update(_host_files())
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _SKIPPED_IN_CI:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -193,6 +220,9 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line("lanes: " + "; ".join(
             f"{lane} {_LANE_TESTS[lane]} tests {_LANE_SECONDS[lane]:.0f}s" for lane in LANES if _LANE_TESTS[lane])
             + " (setup, call and teardown)")
+    written = sorted(p for p, t in _host_files().items() if _HOST_SEEN.get(p) != t)
+    if written:
+        terminalreporter.write_line(f"warning: the tests wrote the machine's own {_HOST_DIR}: {', '.join(written)}")
     if _SKIPPED_IN_CI:
         terminalreporter.section("tests skipped under CI=true (not allowed)", red=True)
         for line in _SKIPPED_IN_CI:

@@ -145,7 +145,8 @@ def test_a_quarantine_inside_checkpoints_breaks_accelerate(reference, tmp_path):
     assert res["status"] == "blocked", res
     assert kind in res["message"] and f"checkpoints/{cs.QUARANTINE}" in res["message"], res
     before = cs.inventory(run)
-    proc = run_cli(tmp_path, "apply", "--format", "json", str(state), timeout=300)
+    proc = run_cli(tmp_path, "apply", "--format", "json", "--journal", str(tmp_path / "journal.jsonl"), str(state),
+                   timeout=300)
     (done,) = report_of(proc)["resources"]
     assert done["status"] == "blocked" and not done["actions"]
     assert cs.inventory(run) == before
