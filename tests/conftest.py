@@ -100,6 +100,7 @@ LANE_OF_FILE = {
     "test_slurm.py": "system",
     "test_slurm_gate.py": "system",
     "test_slurm_guard.py": "system",
+    "test_slurm_reboot.py": "system",
     "test_statefile.py": "pure",
     "test_statefile_limits.py": "pure",
     "test_units.py": "system",

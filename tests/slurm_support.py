@@ -53,6 +53,7 @@ SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
 {health_check}
+{extra}
 NodeName={node} NodeHostname={hostname} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 {nodes}"""
 
@@ -70,17 +71,20 @@ def missing_prerequisites() -> str | None:
 
 
 class SlurmCluster:
-    """One node named `node` (not the host name: slurmd -N), optionally with a HealthCheckProgram;
+    """One node named `node` (not the host name: slurmd -N), optionally with a HealthCheckProgram
+    and `extra` slurm.conf lines;
     `others`: more node names; `partitions`: name -> its nodes (the first is the default),
     else one partition `debug` of every node."""
 
     def __init__(self, node: str = "rnode1", health_check: str | None = None, interval: int = 2,
-                 others: tuple[str, ...] = (), partitions: dict[str, list[str]] | None = None):
+                 others: tuple[str, ...] = (), partitions: dict[str, list[str]] | None = None,
+                 extra: str = ""):
         self.node = node
         self.others = others
         self.partitions = partitions or {"debug": [node, *others]}
         self.dir = Path(tempfile.mkdtemp(prefix="rslurm", dir="/tmp"))  # short: the munge socket path
         self.health_check = health_check
+        self.extra = extra  # more slurm.conf lines (a RebootProgram, say)
         self.interval = interval
         self.conf = self.dir / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
@@ -106,7 +110,7 @@ class SlurmCluster:
                          for i, (name, members) in enumerate(self.partitions.items()))
         self.conf.write_text(CONF.format(dir=d, ctld_port=free_port(), slurmd_port=free_port(), health_check=hc,
                                          node=self.node, hostname=hostname, cpus=os.cpu_count() or 1,
-                                         nodes=nodes))
+                                         nodes=nodes, extra=self.extra))
         subprocess.run([SLURMCTLD, "-f", str(self.conf)], check=True, env=self.env, capture_output=True)
         subprocess.run([SLURMD, "-f", str(self.conf), "-N", self.node], check=True, env=self.env,
                        capture_output=True)

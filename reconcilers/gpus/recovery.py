@@ -10,8 +10,10 @@ Opt-in: without `recover` nothing here runs, and reconcile only names the step (
   the kernel-log reader (xid.py) then takes the Xids before them as history. On NVSwitch systems the
   GPUs are reset only together, with the fabric manager's involvement: blocked, saying so.
 - A GPU whose step is a reboot (GPU lost / Xid 79, RESTART_BM, a reset in this boot that did not
-  help) reboots the node through the init system (`systemctl reboot`), journaled first (the engine's
-  intent line, with this boot's id); the apply ends there (Action.ends_run). The next boot's apply
+  help) reboots the node through the init system (`systemctl reboot`), or with `reboot_with: slurm`
+  through Slurm's own queue (`scontrol reboot ASAP nextstate=DOWN`: drained, rebooted once its jobs
+  end), journaled first (the engine's intent line, with this boot's id); the apply ends there
+  (Action.ends_run). A reboot requested in this boot is not requested again (it is pending). The next boot's apply
   (contrib/reconcile-boot.service) completes the record (pipeline/reboots.py).
 - Caps, counted from the journal (Context.history; keyed by GPU UUID, this node's journal, boot id):
   a GPU reset `max_resets` times in `window`, or a node rebooted `max_reboots` times, is blocked as
@@ -47,6 +49,8 @@ REBOOT_STEPS = frozenset({"RESTART_BM", "SYSTEM_REBOOT"})
 DEFAULT_MAX_RESETS = 2
 DEFAULT_MAX_REBOOTS = 2
 DEFAULT_WINDOW = "24h"
+REBOOT_WITH = ("systemctl", "slurm")  # how the node is rebooted (recover.reboot_with)
+SLURM_REASON_MAX = 200  # ours, as slurm-health's reasons (doors/sinks/slurm_node.MAX_REASON)
 RESET_TIMEOUT = 120.0
 REBOOT_TIMEOUT = 60.0
 # NVSwitch devices (HGX/DGX): the driver's device files and its /proc entries.
@@ -62,6 +66,7 @@ def parse_recover(section: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     return {"reset": bool(section.get("reset", False)), "reboot": bool(section.get("reboot", False)),
             "max_resets": int(section.get("max_resets", DEFAULT_MAX_RESETS)),
+            "reboot_with": str(section.get("reboot_with", "systemctl")),
             "max_reboots": int(section.get("max_reboots", DEFAULT_MAX_REBOOTS)),
             "window": parse_duration(section.get("window", DEFAULT_WINDOW))}
 
@@ -86,6 +91,13 @@ def boot_id() -> str:
             return fh.read().strip()
     except OSError:
         return ""
+
+
+def slurm_node_name() -> str:
+    """What Slurm calls this node: SLURMD_NODENAME (set by slurmd for what it runs, and for a node
+    started with `slurmd -N`), else the short host name (slurm.conf's NodeName default); the same
+    rule as `reconcile slurm-health`'s (doors/slurm.node_name, less its --node)."""
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".", 1)[0]
 
 
 def nvswitches() -> tuple[str, ...]:
@@ -168,6 +180,11 @@ class History:
     def reboots(self) -> list[Attempt]:
         since = self._ack_time(None)
         return [a for a in self.attempts if a.action == "reboot" and a.time > since]
+
+    def reboot_pending(self) -> Attempt | None:
+        """A reboot requested in this boot and not refused: the node is still up, so it is yet to
+        come (`scontrol reboot ASAP` waits for the node's jobs; systemd is taking the node down)."""
+        return next((a for a in reversed(self.reboots()) if a.boot == self.boot and a.result == "done"), None)
 
     def reset_this_boot(self, gpu: Gpu) -> Attempt | None:
         return next((a for a in reversed(self.resets(gpu)) if a.boot == self.boot and a.result != "failed"), None)
@@ -266,7 +283,12 @@ def recovery_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[s
         reboots = history.reboots() if history else []
         out.handled.update(g.index for g, _ in reboot_for)
         labels = ", ".join(f"{g.label} {g.uuid}" for g, _ in reboot_for)
-        if len(reboots) >= rec["max_reboots"]:
+        pending = history.reboot_pending() if history else None
+        if pending is not None:
+            out.blocked.append(f"{labels} must not run jobs: waiting for the reboot requested at "
+                               f"{utc_iso(pending.time)} in this boot ({pending.description.split(' for ')[0]}); "
+                               "not requested again")
+        elif len(reboots) >= rec["max_reboots"]:
             out.blocked.append(f"{labels} must not run jobs, and the node needs service: reconcile rebooted it "
                                f"{len(reboots)} time(s) in {window} (max_reboots {rec['max_reboots']}): "
                                f"{_history_lines(reboots)}; no further reboot. Why: "
@@ -274,8 +296,13 @@ def recovery_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[s
                                + "; `reconcile ack --reason ...` once it was serviced")
         else:
             why = " / ".join(f"{g.label}: {w}" for g, w in reboot_for)
-            out.actions.append(Action("reboot", "node", f"reboot the node (systemctl reboot) for {labels}: {why}",
-                                      {"gpus": [g.uuid for g, _ in reboot_for]}, ends_run=True))
+            params: dict[str, Any] = {"gpus": [g.uuid for g, _ in reboot_for]}
+            how = "systemctl reboot"
+            if rec["reboot_with"] == "slurm":
+                params.update(via="slurm", node=slurm_node_name(), reason=slurm_reason(f"gpus: {labels}: {why}"))
+                how = f"through Slurm: scontrol reboot ASAP nextstate=DOWN {params['node']}"
+            out.actions.append(Action("reboot", "node", f"reboot the node ({how}) for {labels}: {why}", params,
+                                      ends_run=True))
         resets = []  # the reboot resets every GPU
     elif reboot_for:
         out.notes.extend(f"{g.label}: recover.reboot is off: reconcile does not reboot the node" for g, _ in reboot_for)
@@ -416,6 +443,37 @@ def mark_kernel_log(line: str) -> str:
         return f"; not written to the kernel log ({target}: {exc.strerror}): its Xids before the reset still count"
 
 
+def slurm_reason(what: str) -> str:
+    """`reconcile: WHAT`, one line, bounded: the prefix is the ownership mark slurm-health resumes by
+    (doors/sinks/slurm_node.OWNER); Slurm stores a reason as given, newlines included."""
+    import re
+
+    flat = re.sub(r"\s+", " ", f"reconcile: {what}").strip()
+    return flat if len(flat) <= SLURM_REASON_MAX else flat[: SLURM_REASON_MAX - 3].rstrip() + "..."
+
+
 def reboot(host: Host, params: Mapping[str, Any]) -> str:
+    if params.get("via") == "slurm":
+        return reboot_through_slurm(host, params)
     said = systemd.reboot(host, REBOOT_TIMEOUT)
     return "reboot requested (systemctl reboot)" + (f": {said}" if said else "")
+
+
+def reboot_through_slurm(host: Host, params: Mapping[str, Any]) -> str:
+    """`scontrol reboot ASAP nextstate=DOWN reason=… NODE` (scontrol(1)): Slurm drains the node (no new
+    jobs), waits for its jobs to end, then runs slurm.conf's RebootProgram. `nextstate=DOWN`, not
+    RESUME: the node comes back out of service with reconcile's reason, and `reconcile slurm-health`
+    resumes it only once the validation gate passed in the new boot (issue 33 §2); RESUME would hand
+    it to jobs before the gate."""
+    node = str(params["node"])
+    argv = ["scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason={params['reason']}", node]
+    try:
+        res = host.run(argv, timeout=REBOOT_TIMEOUT)
+    except CommandTimeout as exc:
+        raise ApplyError(f"{exc} (slurmctld not answering?)") from None
+    said = " ".join(line.strip() for line in (res.stdout + "\n" + res.stderr).splitlines() if line.strip())
+    if not res.ok:
+        raise ApplyError(f"`scontrol reboot ASAP nextstate=DOWN … {node}` exited {res.returncode}: "
+                         f"{said[:400] or 'no output'}")
+    return (f"reboot requested through Slurm (scontrol reboot ASAP nextstate=DOWN {node}): Slurm drains the "
+            "node, waits for its jobs, then runs its RebootProgram" + (f": {said}" if said else ""))
