@@ -126,7 +126,8 @@ class FleetScenario(Scenario):
         conf = self.work / f"sshd-{j}-{s}.conf"
         setenv = [f"HOME={self.remote_home}"]
         if self.gpus:
-            setenv += [f"{k}={self.env[k]}" for k in ("LD_LIBRARY_PATH", "FAKE_NVML_CONFIG")]
+            setenv += [f"{k}={self.env[k]}" for k in ("LD_LIBRARY_PATH", "FAKE_NVML_CONFIG", "RECONCILE_SYSFS_PCI",
+                                                  "RECONCILE_NVIDIA_PROC_DIR")]
         conf.write_text("".join(f"ListenAddress 127.0.0.1:{p}\n" for p in ports) + "\n".join([
             f"HostKey {self.keys / 'host_key'}",
             "PidFile none",
