@@ -235,7 +235,33 @@ class Fleet(FleetScenario):
                 t = median([r["wall"] for r in tools[tool]["runs"]])
                 out.append((t >= want * base, f"{n} hosts: ≥ {want:g}× faster than {tools[tool]['label']}: "
                                               f"{t / base:.1f}× ({base:.2f} s against {t:.2f} s)"))
+        if "pyinfra" in tools:
+            out += self.per_host_targets(fleet, n)
         return out
+
+    @staticmethod
+    def per_host_targets(fleet: dict, n: str) -> list[tuple[bool, str]]:
+        """Issue 31 §4, per host against pyinfra in the same run: the controller's CPU (each extra
+        host, from the smallest inventory to the largest) no more than pyinfra's, the CPU asked of
+        each target ≤ 1.5× pyinfra's, and the wall time ahead of pyinfra's."""
+        def med(tool: str, size: str, key: str) -> float:
+            return median([r[key] for r in fleet[size][tool]["runs"]])
+
+        lo = min(fleet, key=int)
+        extra = int(n) - int(lo)
+        ctl = {t: (med(t, n, "cpu") - med(t, lo, "cpu")) / extra * 1000 if extra else med(t, n, "cpu") / int(n) * 1000
+               for t in ("reconcile", "pyinfra")}
+        there = {t: med(t, n, "target_cpu") / int(n) * 1000 for t in ("reconcile", "pyinfra")}
+        wall = {t: med(t, n, "wall") for t in ("reconcile", "pyinfra")}
+        return [
+            (ctl["reconcile"] <= ctl["pyinfra"], f"controller CPU per host ≤ pyinfra's: {ctl['reconcile']:.0f} ms "
+                                                 f"against {ctl['pyinfra']:.0f} ms"),
+            (there["reconcile"] <= 1.5 * there["pyinfra"],
+             f"CPU asked of each target ≤ 1.5× pyinfra's: {there['reconcile']:.0f} ms against "
+             f"{there['pyinfra']:.0f} ms ({there['reconcile'] / there['pyinfra']:.1f}×)"),
+            (wall["reconcile"] < wall["pyinfra"], f"{n} hosts: wall time ahead of pyinfra's: {wall['reconcile']:.2f} s "
+                                                  f"against {wall['pyinfra']:.2f} s"),
+        ]
 
 
 def peak_cell(rs: list[dict]) -> str:

@@ -61,7 +61,7 @@ def inner_commands(jobs: list[dict]) -> dict:
             wall, rss, rc = _run_once(job, job["log"])
             if i == 0:
                 first = {"wall": wall, "rss_kib": rss, "rc": rc,
-                         "output": Path(job["log"]).read_text(errors="replace")[-6000:]}
+                         "output": _kept(job["log"])}
         results[job["name"]] = {"walls": [], "rss_kib": [], "rcs": [], "first": first}
         print(f"  warm-up {job['name']}: {first['wall']:.3f}s exit {first['rc']}", file=sys.stderr, flush=True)
     for rep in range(max(job["reps"] for job in jobs)):
@@ -76,8 +76,15 @@ def inner_commands(jobs: list[dict]) -> dict:
             r["rcs"].append(rc)
         print(f"  round {rep + 1} done", file=sys.stderr, flush=True)
     for job in jobs:
-        results[job["name"]]["last_output"] = Path(job["log"]).read_text(errors="replace")[-6000:]
+        results[job["name"]]["last_output"] = _kept(job["log"])
     return results
+
+
+def _kept(log: str) -> str:
+    """What a check looks for may be at either end of a long output (a JSON report names the
+    resources at its start): its first and last 6,000 characters."""
+    text = Path(log).read_text(errors="replace")
+    return text if len(text) <= 12000 else text[:6000] + "\n...\n" + text[-6000:]
 
 
 def inner_scan(job: dict) -> dict:

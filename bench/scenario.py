@@ -101,7 +101,15 @@ class Scenario:
         # The vLLM unit's process (/bin/sleep infinity) "holds" 72,289 MiB on every GPU while alive.
         conf.append(f'holder cmdline="sleep infinity" mib={VLLM_MIB} gpus={",".join(map(str, range(GPU_COUNT)))}')
         (self.work / "nvml.conf").write_text("\n".join(conf) + "\n")
-        self.env.update({"LD_LIBRARY_PATH": str(libdir), "FAKE_NVML_CONFIG": str(self.work / "nvml.conf")})
+        # The fake's PCI bus (tests/pci_support.py): the gpus kind holds NVML's GPUs against
+        # /sys/bus/pci, and this machine's shows none. Nor its /proc/driver/nvidia/gpus.
+        import pci_support
+
+        slots = [(f"0000:{0x11 + i * 0x10:02x}:00.0", "nvidia") for i in range(GPU_COUNT)]
+        sysfs = pci_support.write_tree(self.work / "sys", pci_support.bus_with_gpus(pci_support.DEFAULT_HOST, slots))
+        self.env.update({"LD_LIBRARY_PATH": str(libdir), "FAKE_NVML_CONFIG": str(self.work / "nvml.conf"),
+                         "RECONCILE_SYSFS_PCI": str(sysfs),
+                         "RECONCILE_NVIDIA_PROC_DIR": str(self.work / "no-proc-driver-nvidia-gpus")})
         self.gpus = True
 
     def start(self) -> None:

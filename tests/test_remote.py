@@ -351,3 +351,37 @@ def test_the_handshake_answer_skips_the_cli_and_matches_it(tmp_path):
     doc = json.loads(fast.stdout)
     assert set(doc) == {"reconcile_version", "format_version", "hostname", "journal"}
     assert doc["hostname"] == os.uname().nodename
+
+
+def negotiated_kex(log: Path) -> str:
+    """The key exchange ssh's own debug log says it agreed on (`debug1: kex: algorithm: NAME`)."""
+    import re
+
+    found = re.findall(r"kex: algorithm: (\S+)", log.read_text())
+    assert found, log.read_text()[-2000:]
+    return found[-1]
+
+
+def test_connection_uses_a_cheap_key_exchange_unless_the_user_names_one(sshd, tmp_path):  # noqa: F811
+    """OpenSSH 9.0-9.8 picks sntrup761x25519 first, whose key generation is most of the client's
+    CPU for a connection: reconcile asks for curve25519 (or mlkem768x25519 where offered) first.
+    What ssh agreed on is read from ssh's own debug log; the user's KexAlgorithms wins."""
+    import pytest
+
+    offered = subprocess.run(["ssh", "-Q", "kex"], capture_output=True, text=True, timeout=10).stdout.split()
+    state = tmp_path / "host.yaml"
+    state.write_text(ROOT_OK)
+    base = ["--ssh-option", "ControlMaster=no"]
+    log = tmp_path / "ssh-default.log"
+    proc = run_cli(tmp_path, "diff", str(state), *ssh_args(sshd, tmp_path, *base),
+                   RECONCILE_SSH_OPTS=f"-o LogLevel=DEBUG1 -E {log}")
+    assert proc.returncode == 0, proc.stderr
+    assert not negotiated_kex(log).startswith("sntrup"), negotiated_kex(log)
+    if "sntrup761x25519-sha512@openssh.com" not in offered:
+        pytest.skip("this OpenSSH client has no sntrup761x25519 to ask for")
+    log = tmp_path / "ssh-user.log"
+    proc = run_cli(tmp_path, "diff", str(state),
+                   *ssh_args(sshd, tmp_path, *base, "--ssh-option", "KexAlgorithms=sntrup761x25519-sha512@openssh.com"),
+                   RECONCILE_SSH_OPTS=f"-o LogLevel=DEBUG1 -E {log}")
+    assert proc.returncode == 0, proc.stderr
+    assert negotiated_kex(log) == "sntrup761x25519-sha512@openssh.com"
