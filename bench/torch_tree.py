@@ -4,7 +4,7 @@ torch.save, in SpecForge's layout (rows_{g}-{g+2000}/data_{i}.ckpt), for bench/b
 
 `specforge`: SpecForge's own sample (tests/torch_samples.py `record`, from
 scripts/prepare_hidden_states.py @ a6b6b02: input_ids, loss_mask, aux_hidden_state [1, T, 3H],
-hidden_state [1, T, H], bf16), with T = 18..22 tokens (every file has its own sizes, offsets
+hidden_state [1, T, H], bf16), with T = 15..19 tokens (every file has its own sizes, offsets
 and CRCs) and H = 32: about 6.8 KB and 10 ZIP entries (4 storages, data.pkl, 5 records).
 `wide`: a dict of 10 small tensors (target, attention_mask, position_ids, ... besides those):
 about 6.8 KB too, 16 ZIP entries. Written into DIR.tmp, renamed to DIR when complete, so an
@@ -49,7 +49,7 @@ def main() -> int:
         d = os.path.join(tmp, f"rows_{i // 2000 * 2000}-{i // 2000 * 2000 + 2000}")
         if i % 2000 == 0:
             os.makedirs(d, exist_ok=True)
-        sample = wide(i, g) if kind == "wide" else record(18 + i % 5, 32, "bf16", i)
+        sample = wide(i, g) if kind == "wide" else record(15 + i % 5, 32, "bf16", i)
         torch.save(sample, os.path.join(d, f"data_{i}.ckpt"))
     os.rename(tmp, dest)
     return 0
