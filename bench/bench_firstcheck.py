@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -81,10 +82,11 @@ def per_file(files: list[tuple[str, str]], depth: str, runs: int) -> dict:
     dirs = {d: os.open(d, os.O_RDONLY | os.O_DIRECTORY) for d in {d for d, _ in files}}
     pairs = [(dirs[d], name) for d, name in files]
 
-    def floor():
+    def floor():  # (a 64 KiB read: a 1 MiB one would cost an mmap and munmap of its buffer each time)
         for dfd, name in pairs:
             fd = os.open(name, flags, dir_fd=dfd)
-            os.read(fd, 1 << 20)
+            if len(os.read(fd, 1 << 16)) >= 1 << 16:
+                raise AssertionError(f"{name}: not a small sample")
             os.close(fd)
 
     def check():
@@ -92,11 +94,20 @@ def per_file(files: list[tuple[str, str]], depth: str, runs: int) -> dict:
             if not check_path(name, depth, dir_fd=dfd).whole:
                 raise AssertionError(f"{name}: not whole")
 
-    out: dict[str, dict[str, list[float]]] = {"floor": {"cpu": [], "wall": []}, "check": {"cpu": [], "wall": []}}
+    def before():  # read_layout alone, as before torchfast.py (the whole file read when <= 8 KiB)
+        fast, whole = integrity.check_whole_buffer, integrity.WHOLE_READ
+        integrity.check_whole_buffer, integrity.WHOLE_READ = (lambda _buf: None), 8192
+        try:
+            check()
+        finally:
+            integrity.check_whole_buffer, integrity.WHOLE_READ = fast, whole
+
+    cases = (("floor", floor), ("check", check)) + ((("before", before),) if depth == "structure" else ())
+    out: dict[str, dict[str, list[float]]] = {name: {"cpu": [], "wall": []} for name, _ in cases}
     try:
         check()  # (warm: the page cache, the fast path's shapes)
         for _ in range(runs):
-            for name, fn in (("floor", floor), ("check", check)):
+            for name, fn in cases:
                 c0, w0 = time.thread_time(), time.perf_counter()
                 fn()
                 out[name]["cpu"].append((time.thread_time() - c0) / len(pairs) * 1e6)
@@ -119,13 +130,19 @@ def pooled(root: Path, n: int, runs: int) -> dict:
     spans = tally._spans([(0, n - 1)], max(64, min(tally.CHUNK, n // 64)))[::-1]
     cpus = pool.cpus_allowed()
     out: dict[int, list[float]] = {1: [], cpus: []}
+    used: dict[int, list[float]] = {1: [], cpus: []}
     for _ in range(runs):
         for w in out:
-            t0 = time.perf_counter()
+            r0, c0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time(), time.perf_counter()
             parts = pool.map_forked(check.indices, spans, w, lambda k: None, hint=lambda: time.time())
-            out[w].append((time.perf_counter() - t0) / n * 1e6)
+            wall = time.perf_counter() - t0
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = time.process_time() - c0 + (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+            out[w].append(wall / n * 1e6)
+            used[w].append(cpu / wall)
             assert sum(p.checked + len(p.held) for p in parts) == n
-    return {"cpus": cpus, "tasks": len(spans), **{str(w): statistics.median(v) for w, v in out.items()}}
+    return {"cpus": cpus, "tasks": len(spans), **{str(w): statistics.median(v) for w, v in out.items()},
+            "cpus_used": {str(w): statistics.median(v) for w, v in used.items()}}
 
 
 # --- 2. reconcile diff, no record -----------------------------------------------------------
@@ -193,7 +210,7 @@ def diffs(root: Path, n: int, runs: int, cold: bool) -> dict:
 # --- the report -----------------------------------------------------------------------------
 
 def run(quick: bool = False, base_dir: str | None = None, runs: int | None = None, cold_runs: int | None = None,
-        wide: bool = False, rate: float = 20.0) -> tuple[str, list[tuple[bool, str]], dict]:
+        wide: bool = False, rate: float = 20.0, diff: bool = True) -> tuple[str, list[tuple[bool, str]], dict]:
     runs = runs or (3 if quick else 5)
     cold_runs = cold_runs or (1 if quick else 3)
     base = Path(base_dir or "/var/tmp/reconcile-bench")
@@ -220,13 +237,15 @@ def run(quick: bool = False, base_dir: str | None = None, runs: int | None = Non
         rows.append((kind, size, s, c))
     text += [f"In-process, one core, µs a file (CPU time of the thread / wall), on tmpfs, medians of {runs} rounds, "
              f"floor and check alternating; structure on all {N:,} files, content on the newest 4,000 ({load()}):", "",
-             "| sample | bytes | floor: open + read + close | structure | ÷ floor (CPU) | floor | content | ÷ floor "
-             "(CPU) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| sample | bytes | floor: open + read + close | structure | ÷ floor (CPU) | before (read_layout alone) "
+             "| ÷ floor | floor | content | ÷ floor (CPU) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for kind, size, s, c in rows:
         label = "SpecForge's, 10 entries" if kind == "specforge" else "10 tensors, 16 entries"
         text.append(f"| {label} | {size:,.0f} | {s['floor']['cpu']:.1f} / {s['floor']['wall']:.1f} "
                     f"| **{s['check']['cpu']:.1f}** / {s['check']['wall']:.1f} "
                     f"| **{s['check']['cpu'] / s['floor']['cpu']:.1f}×** "
+                    f"| {s['before']['cpu']:.1f} / {s['before']['wall']:.1f} "
+                    f"| {s['before']['cpu'] / s['floor']['cpu']:.1f}× "
                     f"| {c['floor']['cpu']:.1f} / {c['floor']['wall']:.1f} "
                     f"| {c['check']['cpu']:.1f} / {c['check']['wall']:.1f} "
                     f"| {c['check']['cpu'] / c['floor']['cpu']:.1f}× |")
@@ -241,10 +260,13 @@ def run(quick: bool = False, base_dir: str | None = None, runs: int | None = Non
     one, every = p["1"], p[str(p["cpus"])]
     text += ["", f"The structure of all {N:,} files on the workers (pool.map_forked, {p['tasks']} tasks), wall µs a "
              f"file, medians of {runs} ({load()}):", "",
-             "| workers | wall µs a file | speedup | ÷ the floor's wall |", "|---|---:|---:|---:|",
-             f"| 1 (in this process) | {one:.1f} | 1.00× | {one / s['floor']['wall']:.1f}× |",
-             f"| {p['cpus']} | {every:.1f} | {one / every:.2f}× | {every / s['floor']['wall']:.1f}× |"]
-    for cold in (True, False):
+             "| workers | wall µs a file | CPUs used (CPU s ÷ wall s) | speedup | ÷ the floor's wall |",
+             "|---|---:|---:|---:|---:|",
+             f"| 1 (in this process) | {one:.1f} | {p['cpus_used']['1']:.2f} | 1.00× "
+             f"| {one / s['floor']['wall']:.1f}× |",
+             f"| {p['cpus']} | {every:.1f} | {p['cpus_used'][str(p['cpus'])]:.2f} | {one / every:.2f}× "
+             f"| {every / s['floor']['wall']:.1f}× |"]
+    for cold in (True, False) if diff else ():
         log(f"firstcheck: reconcile diff, {'caches dropped' if cold else 'warm'} ({load()})")
         d = results["diff_cold" if cold else "diff_warm"] = diffs(root, N, cold_runs, cold)
         if cold and not d["caches_dropped"]:
@@ -281,8 +303,9 @@ def main() -> int:
     ap.add_argument("--dir", help="where the trees are written and kept (default /var/tmp/reconcile-bench)")
     ap.add_argument("--wide", action="store_true", help="also the 10-tensor sample (16 ZIP entries)")
     ap.add_argument("--rate", type=float, default=20.0, help="samples a second the job wrote (default 20)")
+    ap.add_argument("--no-diff", action="store_true", help="the in-process parts only")
     a = ap.parse_args()
-    text, targets, results = run(a.quick, a.dir, a.runs, a.cold_runs, a.wide, a.rate)
+    text, targets, results = run(a.quick, a.dir, a.runs, a.cold_runs, a.wide, a.rate, not a.no_diff)
     print(text)
     for ok, t in targets:
         print(f"- {'PASS' if ok else 'FAIL'}: {t}")
