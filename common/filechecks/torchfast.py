@@ -41,9 +41,9 @@ from .torchzip import (
 )
 
 # One central directory record, the fields the check needs: the first 12 bytes (signature,
-# versions, flags, method: alike in every record torch.save writes), CRC, sizes, the name,
-# extra and comment lengths with the disk number (8 bytes, compared with the shape's), the
-# external attributes, the local header's offset, the name.
+# versions, flags, method: alike in every record torch.save writes), CRC, sizes, the next 14
+# bytes (name, extra and comment lengths, disk, attributes: compared with the shape's, where all
+# but the name's length are 0 as torch.save writes them), the local header's offset, the name.
 _RECORD = "12s4xIII14sI{}s"
 _FIELDS = 7
 _LOCAL = struct.Struct("<4s22xI")  # signature; name and extra lengths as one number
