@@ -15,6 +15,7 @@ machine against Ansible and pyinfra, with controller CPU and memory from cgroups
     sudo python3 bench/run.py --quick          # 3 runs, no 1,000,000-file step, 1 fleet run
     sudo python3 bench/run.py --only fleet     # the fleet alone: bench/results/fleet.md
     sudo python3 bench/run.py --only check     # the cold integrity check alone (bench/bench_check.py)
+    sudo python3 bench/run.py --only firstcheck  # 37,312 torch.save samples (bench/bench_firstcheck.py)
 
 The peers are installed into bench/.peers (a separate virtual environment) when missing.
 Every tool runs without PYTHONDONTWRITEBYTECODE, so byte-code caches are used as on a
@@ -55,8 +56,9 @@ def main() -> None:
     ap.add_argument("--no-gpus", action="store_true", help="leave the fake GPUs out")
     ap.add_argument("--skip", default="",
                     help="comma list of parts to skip: breakdown,units,files,apply,importtime,check,fleet")
-    ap.add_argument("--only", choices=["fleet", "check"],
-                    help="run only this part (fleet: writes bench/results/fleet.md; check: check.md)")
+    ap.add_argument("--only", choices=["fleet", "check", "firstcheck"],
+                    help="run only this part (fleet: writes bench/results/fleet.md; check: check.md; "
+                         "firstcheck: firstcheck.md)")
     ap.add_argument("--fleet-hosts", type=parse_list, default=[10, 100],
                     help="inventory sizes for the fleet, separated by / (default 10/100)")
     ap.add_argument("--fleet-parallel", type=int, default=10,
@@ -105,6 +107,14 @@ def main() -> None:
         text, targets, results = run_check(a)
         write(Results({"argv": sys.argv[1:], "load_start": load_start, "load_end": os.getloadavg(),
                        "seconds": time.perf_counter() - t_start, "cpus": os.cpu_count()}, results), "check",
+              text, targets)
+        return
+    if a.only == "firstcheck":  # in-process and `python -m reconcile_host` from this interpreter
+        import bench_firstcheck
+
+        text, targets, results = bench_firstcheck.run(a.quick)
+        write(Results({"argv": sys.argv[1:], "load_start": load_start, "load_end": os.getloadavg(),
+                       "seconds": time.perf_counter() - t_start, "cpus": os.cpu_count()}, results), "firstcheck",
               text, targets)
         return
     if not a.installed:
@@ -185,7 +195,7 @@ def run_fleet(a) -> Fleet:
 def write(b, stem: str, text: str, targets) -> None:
     """bench/results/STEM.md (the tables) and STEM.json (every raw figure)."""
     RESULTS.mkdir(exist_ok=True)
-    if stem in ("fleet", "check"):
+    if stem in ("fleet", "check", "firstcheck"):
         text += "\n## Targets\n\n" + "".join(f"- {'PASS' if ok else 'FAIL'}: {t}\n" for ok, t in targets)
     (RESULTS / f"{stem}.md").write_text(text)
     (RESULTS / f"{stem}.json").write_text(json.dumps({"meta": b.meta, "results": b.results,

@@ -46,6 +46,7 @@ LANE_OF_FILE = {
     "test_extractions.py": "system",
     "test_extractions_integrity.py": "system",
     "test_extractions_job.py": "system",
+    "test_extractions_fastpath.py": "system",
     "test_extractions_parallel.py": "system",
     "test_extractions_plan.py": "pure",
     "test_extractions_quarantine.py": "system",

@@ -35,6 +35,10 @@ CORPUS = [
     ("safetensors 128K bf16", "new", "safetensors", 63, 256, "bf16", True, True),
     ("safetensors 2M fp32", "new", "safetensors", 255, 512, "fp32", True, False),
     ("ckpt 128K fp16 torch 1.13", "old", "ckpt", 63, 256, "fp16", True, False),
+    # small samples (~7 KB), read whole and checked by the structural check's fast path
+    ("ckpt 7K bf16", "new", "ckpt", 18, 32, "bf16", True, True),
+    ("ckpt 7K no CRC", "new", "ckpt", 18, 32, "bf16", False, False),
+    ("ckpt 7K fp16 torch 1.13", "old", "ckpt", 18, 32, "fp16", True, False),
     ("ckpt.gz 128K bf16 torch 1.13", "old", "gz", 63, 256, "bf16", True, False),
 ]
 SUFFIX = {"ckpt": ".ckpt", "gz": ".ckpt.gz", "safetensors": ".safetensors"}

@@ -32,6 +32,7 @@ from stat import S_ISREG
 
 from .gzipstream import GzipDamage, ZipStream, check_header, decompress, spool
 from .safetensors_file import SafetensorsDamage, check_safetensors
+from .torchfast import check_whole_buffer
 from .torchpickle import PickleDamage
 from .torchzip import PAGE, Missing, ZipDamage, check_torch_zip
 from .verdicts import (  # noqa: F401  (the names of a verdict, used with check_path)
@@ -48,6 +49,9 @@ from .verdicts import (  # noqa: F401  (the names of a verdict, used with check_
 )
 
 READ_CHUNK = 256 * 1024  # the content check's reads: a buffer that stays in the CPU's cache for the CRC
+# A file up to this size is read whole, in one call, at either depth: a pread of a few pages costs
+# about what one more call would, and its local headers then need no read of their own.
+WHOLE_READ = 32 * 1024
 NEAR = 64  # bytes read on either side of a small read elsewhere in the file (see FileSource)
 # O_NONBLOCK: a FIFO with the sample's name must not hang the check (no effect on files).
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -73,18 +77,22 @@ class FileSource:
     """A torchzip/safetensors Source over an open file (positional reads: no shared offset).
 
     The structural check reads a few small ranges: the first and last page are read at once
-    (the whole file when it is no larger than two pages), and a small read elsewhere (a local
-    header) takes a little on either side (the data descriptor before it), so each range costs
-    one system call."""
+    (the whole file, in one call, when it is no larger than WHOLE_READ), and a small read elsewhere
+    (a local header) takes a little on either side (the data descriptor before it), so each range
+    costs one system call. `whole`: the file's bytes, already read (then nothing more is read:
+    the content check's CRCs are computed over them)."""
 
-    __slots__ = ("fd", "size", "head", "tail", "tail_at", "_near")
+    __slots__ = ("fd", "size", "head", "tail", "tail_at", "_near", "_whole")
 
-    def __init__(self, fd: int, size: int):
+    def __init__(self, fd: int, size: int, whole: bytes | None = None):
         self.fd, self.size = fd, size
         # head: the file's first bytes; tail: its last ones, from tail_at (torchzip reads these
         # directly, without a call per range)
-        if size <= 2 * PAGE:
-            self.head = self.tail = self._pread(0, size)
+        if whole is None and size <= WHOLE_READ:
+            whole = read_whole(fd, size)
+        self._whole = whole is not None
+        if whole is not None:
+            self.head = self.tail = whole
             self.tail_at = 0
         else:
             self.head = self._pread(0, PAGE)
@@ -93,13 +101,7 @@ class FileSource:
         self._near: list[tuple[int, bytes]] = []
 
     def _pread(self, offset: int, n: int) -> bytes:
-        out = os.pread(self.fd, n, offset)
-        while 0 < len(out) < n:
-            got = os.pread(self.fd, n - len(out), offset + len(out))
-            if not got:
-                break  # shorter than its size now: the caller finds what is missing
-            out += got
-        return out
+        return _pread(self.fd, offset, n)
 
     def read_at(self, offset: int, n: int) -> bytes:
         end = min(offset + n, self.size)
@@ -121,6 +123,14 @@ class FileSource:
         return buf[offset - lo:end - lo]
 
     def _chunks(self, offset: int, n: int):
+        if self._whole:  # the file is in memory: its bytes, READ_CHUNK at a time
+            end = offset + n
+            if end > len(self.tail):
+                raise ZipDamage(f"the file ends at byte {len(self.tail)}, before its own end (truncated while read?)")
+            view = memoryview(self.tail)
+            for at in range(offset, end, READ_CHUNK):
+                yield at, view[at:min(end, at + READ_CHUNK)]
+            return
         buf = _SPARE.pop() if _SPARE else bytearray(READ_CHUNK)
         try:
             view = memoryview(buf)
@@ -162,6 +172,21 @@ class FileSource:
                     if inside >= min(MIN_FLOAT_OVERLAP, b - a, len(page)):
                         return p0
         return None
+
+
+def _pread(fd: int, offset: int, n: int) -> bytes:
+    out = os.pread(fd, n, offset)
+    while 0 < len(out) < n:
+        got = os.pread(fd, n - len(out), offset + len(out))
+        if not got:
+            break  # shorter than its size now: the caller finds what is missing
+        out += got
+    return out
+
+
+def read_whole(fd: int, size: int) -> bytes:
+    """The file's `size` bytes in one call (fewer if it shrank since its fstat)."""
+    return _pread(fd, 0, size)
 
 
 _CRC32 = None
@@ -231,7 +256,16 @@ def _check(fd: int, st: os.stat_result, kind: str, depth: str) -> Verdict:
         return Verdict(DAMAGED, "empty file (0 bytes)", depth, st)
     content = depth == CONTENT
     if kind == "zip":
-        result, _ = check_torch_zip(FileSource(fd, size), content)
+        whole = None
+        if size <= WHOLE_READ or (content and size <= READ_CHUNK):
+            whole = read_whole(fd, size)
+            if not content and len(whole) == size:
+                # torch.save's own layout, checked in few operations (torchfast.py); anything
+                # else, damaged or unusual, is read_layout's to decide and explain
+                result = check_whole_buffer(whole)
+                if result is not None:
+                    return _new(Verdict, (WHOLE, "", depth, st, result.no_crc, False, result.trailing))
+        result, _ = check_torch_zip(FileSource(fd, size, whole), content)
         return _new(Verdict, (WHOLE, "", depth, st, result.no_crc, False, result.trailing))  # (hot path)
     if kind == "safetensors":
         unproven = check_safetensors(FileSource(fd, size), content)
