@@ -36,7 +36,7 @@ BASE = {
                           "per_gpu": {"3": {"persistence_mode": True, "power_limit": "default",
                                             "compute_mode": "exclusive_process", "application_clocks": "default",
                                             "locked_clocks": "none", "mig": "enabled", "ecc": "disabled"}}},
-             "recover": {"reset": True, "reboot": False, "max_resets": 2, "max_reboots": 2, "window": "24h"},
+             "recover": {"reset": True, "reboot": False, "reboot_with": "systemctl", "max_resets": 2, "max_reboots": 2, "window": "24h"},
              "validate": {"command": ["/bin/true"], "timeout": "10m", "after": ["boot", "recover"]}},
     "mounts": {"/data": {"mounted": True, "source": "tmpfs", "fstype": "tmpfs", "options": ["rw"],
                          "min_free": "1%", "min_free_inodes": "1%", "writable": True, "probe_timeout": "5s",
