@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO, Any, TypeVar
 
+from ..core.boot import boot_id
 from ..core.host import CommandResult, CommandTimeout, ProgressSink
 
 __all__ = ["ForkedChild", "LocalHost", "collect_children", "kill_group", "split_beats"]
@@ -399,10 +400,10 @@ class LocalHost:
         once at install, so a recreated VM has a new one) and the kernel's boot id
         (proc(5): /proc/sys/kernel/random/boot_id, new at every boot). What cannot be read is
         None, never a made-up value. $RECONCILE_MACHINE_ID_FILE and $RECONCILE_BOOT_ID_FILE name other
-        files (tests; the kinds' boot records read the same boot id file)."""
+        files (tests; core/boot.py, which every record keyed by the boot reads)."""
         return {"hostname": self.hostname(),
                 "machine_id": _first_line(os.environ.get("RECONCILE_MACHINE_ID_FILE") or "/etc/machine-id"),
-                "boot_id": _first_line(os.environ.get("RECONCILE_BOOT_ID_FILE") or "/proc/sys/kernel/random/boot_id")}
+                "boot_id": boot_id()}
 
     def signal(self, pid: int, sig: int) -> None:
         # The last line of defence for "never PID 1, never ourselves", whatever a plan says.

@@ -254,7 +254,9 @@ def test_the_real_journal_second_read_starts_at_the_cursor(env):
     probe = subprocess.run(["journalctl", "-k", "-b", "0", "-n", "1", "-q", "--no-pager"], capture_output=True,
                            text=True)
     if probe.returncode != 0 or not probe.stdout.strip():
-        pytest.skip("no journal with this boot's kernel messages here (journald does not run)")
+        # [ci-ok]: the CI machine and this one run no journald (no systemd as PID 1), and the
+        # namespaced systemd of the tests masks it; the cursor logic is covered on kmsg and files.
+        pytest.skip("no journal with this boot's kernel messages here (journald does not run) [ci-ok]")
     os.environ["RECONCILE_KMSG"] = "/nonexistent"  # the journal, not the ring buffer
     try:
         fold, first = read_kernel_log()

@@ -43,6 +43,7 @@ from typing import Any
 from ... import __version__
 from ...core import paths
 from ...core.atomic import write_json
+from ...core.boot import boot_id
 from . import layouts as L
 from .observed import StepObserved
 
@@ -51,7 +52,6 @@ RACY_NS = 2 * 10**9  # as reconcilers/extractions/listing.py: filesystems with 1
 MAX_STEPS = 512
 MAX_FILES = 4096  # below one step (DCP: one .distcp per rank)
 MAX_LEVELS = 4  # folders below a step walked (Megatron: iter_N/mp_rank_XX/)
-BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 RECHECK_ENV = "RECONCILE_RECHECK"
 
 # Names that may be a step of each layout: a superset of what layouts.py accepts (it decides),
@@ -66,17 +66,6 @@ CANDIDATE: dict[str, Callable[[str], bool]] = {
 }
 
 Check = Callable[[list[str], str], list[StepObserved]]  # (names, depth) -> the steps among them
-
-
-def boot_id() -> str | None:
-    """This boot's id (None: unknown, then nothing is reused). $RECONCILE_BOOT_ID_FILE is the
-    extraction kind's test seam (reconcilers/extractions/records.py), read the same way."""
-    path = os.environ.get("RECONCILE_BOOT_ID_FILE") or BOOT_ID_FILE
-    try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read().strip() or None
-    except OSError:
-        return None
 
 
 def plain(value: Any) -> Any:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 from ...common import systemd
 from ...common.filechecks.verdicts import CONTENT, STAT, STRUCTURE, UNPROVEN, UNREADABLE
 from ...core.atomic import write_json
+from ...core.boot import boot_id
 from ...core.contract import (
     Action,
     ApplyError,
@@ -59,7 +60,7 @@ from . import tally
 from .job import START_TIMEOUT, JobObserved, observe_jobs, start_command
 from .listing import QUARANTINE, Listing, leaf_form, list_tree, unfinished_quarantines
 from .ranges import contains, format_ranges, intersect, last, normalize, size, subtract, to_ranges
-from .records import STATE_FORMAT, CheckRecord, RecentFile, boot_id, load_json, state_dir
+from .records import STATE_FORMAT, CheckRecord, RecentFile, load_json, state_dir
 
 # Files modified within RECENT_WINDOW before the newest one give the rate, and are re-read
 # when the machine has booted since they were checked, or their stat changed: after a VM

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 STATE_FORMAT = 4
 
 
-BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 
 
 def state_dir() -> Path:
@@ -40,16 +39,6 @@ def load_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def boot_id() -> str | None:
-    """This boot's id, or None where the system has none (then recent files are always re-read)."""
-    path = os.environ.get("RECONCILE_BOOT_ID_FILE") or BOOT_ID_FILE  # the test seam, see the docstring
-    try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read().strip() or None
-    except OSError:
-        return None
 
 
 class RecentFile(NamedTuple):

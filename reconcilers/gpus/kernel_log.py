@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ...core.atomic import write_json
+from ...core.boot import boot_id as _boot_id
 from ...core.paths import state_dir
 from .fold import LogFold
 from .observed import KernelLog
@@ -46,9 +47,7 @@ if TYPE_CHECKING:
     from ...core.host import Host
 
 KMSG_ENV = "RECONCILE_KMSG"  # a file in /dev/kmsg's format instead of /dev/kmsg: the tests' seam
-BOOT_ID_ENV = "RECONCILE_BOOT_ID_FILE"  # the same seam the extraction kind's records use
 KMSG = "/dev/kmsg"
-BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 JOURNAL_TIMEOUT = 60.0
 JOURNAL_ARGV = ["journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q", "--show-cursor"]
 JOURNAL = " ".join(JOURNAL_ARGV[:4])
@@ -73,14 +72,6 @@ def starts_at_boot(lines: list[str]) -> tuple[bool, str]:
             if int(m.group(1)) == 0:
                 return True, first
     return False, first
-
-
-def boot_id() -> str:
-    try:
-        with open(os.environ.get(BOOT_ID_ENV) or BOOT_ID_FILE, encoding="ascii", errors="replace") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
 
 
 def record_path() -> str:
@@ -383,3 +374,8 @@ def _stamp_of(line: str) -> str:
 
 def _stamp(rec: dict[str, Any]) -> str:
     return _stamp_of(str((rec.get("position") or {}).get("entry", "")))
+
+
+def boot_id() -> str:
+    """This boot's id; "" where it cannot be read (core/boot.py)."""
+    return _boot_id() or ""

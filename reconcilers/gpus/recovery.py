@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...common import systemd
+from ...core.boot import boot_id as _boot_id
 from ...core.contract import Action, ApplyError, Context, utc_iso
 from ...core.host import CommandTimeout
 from ...core.values import format_duration, parse_duration
@@ -56,8 +57,6 @@ REBOOT_TIMEOUT = 60.0
 # NVSwitch devices (HGX/DGX): the driver's device files and its /proc entries.
 NVSWITCH_GLOBS = ("/dev/nvidia-nvswitch[0-9]*", "/proc/driver/nvidia-nvswitch/devices/*")
 NVSWITCH_ENV = "RECONCILE_NVSWITCH_GLOB"  # a glob to look for instead (tests)
-BOOT_ID_ENV = "RECONCILE_BOOT_ID_FILE"
-BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 KMSG = "/dev/kmsg"
 
 
@@ -83,14 +82,6 @@ def recover_problems(section: Mapping[str, Any]) -> list[tuple[tuple, str]]:
     return [(("recover",), "gpus.recover needs gpus.validate with `after: [recover]` (a command that must pass "
                            "after a reset or reboot): the passive verdict alone never returns a recovered GPU to "
                            "service")]
-
-
-def boot_id() -> str:
-    try:
-        with open(os.environ.get(BOOT_ID_ENV) or BOOT_ID_FILE, encoding="ascii", errors="replace") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
 
 
 def slurm_node_name() -> str:
@@ -477,3 +468,8 @@ def reboot_through_slurm(host: Host, params: Mapping[str, Any]) -> str:
                          f"{said[:400] or 'no output'}")
     return (f"reboot requested through Slurm (scontrol reboot ASAP nextstate=DOWN {node}): Slurm drains the "
             "node, waits for its jobs, then runs its RebootProgram" + (f": {said}" if said else ""))
+
+
+def boot_id() -> str:
+    """This boot's id; "" where it cannot be read (core/boot.py)."""
+    return _boot_id() or ""

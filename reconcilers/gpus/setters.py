@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...core.atomic import write_json
+from ...core.boot import boot_id as _boot_id
 from ...core.contract import Action, ApplyError, Resource, utc_iso
 from ...core.paths import state_dir
 from ...core.values import format_duration
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from ...core.host import Host
 
 RECORD = "gpu-locked-clocks.json"
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 DEFAULT_TIMEOUT = 60.0
 # What a person does about the error NVML gave (pynvml's exception class names).
 HINTS = {
@@ -40,14 +40,6 @@ HINTS = {
     "NVMLError_LibraryNotFound": "libnvidia-ml.so.1 was not found",
 }
 GONE = ("NVMLError_GpuIsLost", "NVMLError_ResetRequired")
-
-
-def boot_id() -> str:
-    try:
-        with open(BOOT_ID, encoding="ascii") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
 
 
 def _record_path() -> str:
@@ -135,3 +127,8 @@ def unit_action(host: Host, action: Action) -> str:
     unit = action.params.get("unit") or action.target
     res = Resource(id=f"unit:{unit}", kind="unit", name=unit, spec={})
     return UnitsReconciler().apply(host, res, Action(action.action, unit)) or f"{action.action} {unit}"
+
+
+def boot_id() -> str:
+    """This boot's id; "" where it cannot be read (core/boot.py)."""
+    return _boot_id() or ""
