@@ -145,7 +145,9 @@ def test_read_error_midway_is_unreadable(tmp_path, monkeypatch):
 
     from reconcile_host.common.filechecks import integrity
 
-    path = write_sample(tmp_path, 3, size=8192)
+    # Larger than what the content check reads whole in one call (integrity.READ_CHUNK), so that
+    # the content is read entry by entry after the structure was read: the EIO comes midway.
+    path = write_sample(tmp_path, 3, size=2 * integrity.READ_CHUNK)
 
     def eio(*_a):
         raise OSError(errno.EIO, os.strerror(errno.EIO))

@@ -36,9 +36,11 @@ def test_an_option_value_with_a_space_holds_on_a_real_overlay(tmp_path: Path):
         fact("escaped", escaped)  # the kernel's own form, as /proc/self/mountinfo writes it
         fact("kernel_fs_options", sh("findmnt", "-no", "FS-OPTIONS", path("ov", "merged")).stdout.decode().strip())
         merged = path("ov", "merged")
+        import os
+        os.symlink(merged, path("ov", "to-merged"))  # the same mount point under a second name
         rc, res, _ = reconcile("diff", state({
             merged: {"fstype": "overlay", "options": [f"lowerdir={lower}"]},
-            merged + "/": {"fstype": "overlay", "options": [escaped]},
+            path("ov", "to-merged"): {"fstype": "overlay", "options": [escaped]},
         }, "have.yaml"))
         fact("diff", {"rc": rc, "resources": res})
         rc, res, _ = reconcile("diff", state({merged: {"options": [f"lowerdir={lower}x"]}}, "wrong.yaml"))
@@ -73,6 +75,7 @@ def test_an_unlimited_tmpfs_is_not_full_and_no_size_is_unknown(tmp_path: Path):
     facts = run_scenario(tmp_path, """
         import os
         unlimited, small, proc = mkdir(path("unlimited")), mkdir(path("small")), mkdir(path("proc"))
+        os.symlink(unlimited, path("to-unlimited"))  # the same mount point under a second name
         tmpfs(unlimited, "unl", "size=0")
         tmpfs(small, "sml", "size=64k")
         sh("dd", "if=/dev/zero", "of=" + os.path.join(small, "fill"), "bs=4k", "count=16", check=False)
@@ -83,7 +86,7 @@ def test_an_unlimited_tmpfs_is_not_full_and_no_size_is_unknown(tmp_path: Path):
         fact("kernel_options", line(mnt_id(unlimited))["fs-options"])
         rc, res, _ = reconcile("diff", state({
             unlimited: {"fstype": "tmpfs", "min_free": "10GiB"},
-            unlimited + "/": {"min_free": "50%", "options": ["size=0"]},
+            path("to-unlimited"): {"min_free": "50%", "options": ["size=0"]},
             small: {"min_free": "16KiB"},
             proc: {"min_free": "1KiB"},
         }))
@@ -96,7 +99,7 @@ def test_an_unlimited_tmpfs_is_not_full_and_no_size_is_unknown(tmp_path: Path):
     assert "size=0k" in facts["kernel_options"]
     assert facts["statfs"][small][0] > 0 and facts["statfs"][small][1] < 16 * 1024  # really full
     res = facts["diff"]["resources"]
-    for key in (unl, unl + "/"):
+    for key in (unl, str(tmp_path / "to-unlimited")):
         assert rid(key) in res, (list(res), facts["diff"])
         r = res[rid(key)]
         assert r["status"] == "ok" and r["drift"] == [], r
