@@ -103,7 +103,7 @@ def test_unit_without_stop_units_is_terminated_with_a_warning():
     assert "with Restart= it may come back" in action.description
 
 
-@pytest.mark.parametrize("pid", [1, os.getpid()])
+@pytest.mark.parametrize("pid", [1, os.getpid()], ids=["pid-1", "reconcile-itself"])  # ids: one name in every worker
 def test_pid_1_and_reconcile_itself_never_signalled(pid):
     obs = observed(gpus(1, used_mib=500), [holder(pid, "python3", 500, [0])])
     _, plan, status = assess(resource(**{**SPEC, "free_with": {"kill": ["*"]}}), obs)
