@@ -130,9 +130,9 @@ def _fingerprint(fh: Any, offset: int) -> str:
     return h.hexdigest()
 
 
-def _texts_of(read: Callable[[int], bytes]) -> Iterator[str]:
-    """What READ gives, decoded, a chunk of whole lines at a time (no last newline); the very last
-    line may lack its newline."""
+def _line_blocks(read: Callable[[int], bytes]) -> Iterator[bytes]:
+    """What READ gives, a block of whole lines at a time (no last newline); the very last line
+    may lack its newline. Memory: one chunk and one partial line, whatever the log's size."""
     rest = b""
     while True:
         chunk = read(CHUNK)
@@ -144,9 +144,15 @@ def _texts_of(read: Callable[[int], bytes]) -> Iterator[str]:
             rest = data
             continue
         rest = data[cut + 1:]
-        yield data[:cut].decode("utf-8", "replace")
+        yield data[:cut]
     if rest:
-        yield rest.decode("utf-8", "replace")
+        yield rest
+
+
+def _texts_of(read: Callable[[int], bytes]) -> Iterator[str]:
+    """_line_blocks, decoded."""
+    for block in _line_blocks(read):
+        yield block.decode("utf-8", "replace")
 
 
 def _read_file(path: str, boot: str) -> tuple[LogFold, KernelLog]:
@@ -179,25 +185,18 @@ def _read_file(path: str, boot: str) -> tuple[LogFold, KernelLog]:
 def _kmsg_records(fd: int) -> Iterator[tuple[int, str]]:
     """(sequence number, the line as dmesg prints it) of each record from FD on, until the ring
     buffer has no more. A record overwritten while being read (EPIPE) shows as a jump in numbers."""
-    rest = b""
-    while True:
-        try:
-            chunk = os.read(fd, 65536)  # /dev/kmsg: one record a read; a regular file: many
-        except BlockingIOError:
-            break
-        except OSError as exc:
-            if exc.errno == errno.EPIPE:
-                continue
-            raise
-        if not chunk:
-            break
-        data = rest + chunk if rest else chunk
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            rest = data
-            continue
-        rest = data[cut + 1:]
-        for raw in data[:cut].split(b"\n"):
+    def read(size: int) -> bytes:
+        while True:
+            try:
+                return os.read(fd, size)  # /dev/kmsg: one record a read; a regular file: many
+            except BlockingIOError:
+                return b""  # the ring buffer has no more
+            except OSError as exc:
+                if exc.errno != errno.EPIPE:
+                    raise
+
+    for block in _line_blocks(read):
+        for raw in block.split(b"\n"):
             if not raw or raw[:1] == b" ":
                 continue  # a record's dictionary (" SUBSYSTEM=pci"): not the message
             header, _, text = raw.partition(b";")
