@@ -11,17 +11,14 @@ comes from the same runs' `--format json` reports."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from addition_support import copy_package, documented_sketch, env_for, insert_at
 
-ROOT = Path(__file__).resolve().parent.parent
-DESIGN = ROOT / "docs" / "design.md"
 VIA_CLICK = "import sys; from reconcile_host.cli import main; sys.argv[0] = 'reconcile'; main()"
 VIA_MAIN = "import sys; from reconcile_host.__main__ import main; sys.argv[0] = 'reconcile'; main()"
 
@@ -29,37 +26,16 @@ needs_perl = pytest.mark.skipif(subprocess.run(["perl", "-MTAP::Parser", "-e", "
                                 reason="Perl's TAP::Parser not installed (Debian: perl)")
 
 
-def documented_sketch() -> tuple[str, str]:
-    """The format's module and its FORMATS line, as docs/design.md ("Formats") shows them."""
-    from docs_support import blocks
-
-    python = [b for b in blocks(DESIGN) if b.lang == "python"]
-    module = next(b for b in python if "def render_tap(" in b.text)
-    table = next(b for b in python if "FORMATS: dict[str, Format]" in b.text)
-    line = next(line for line in table.lines if line.strip().startswith('"tap": Format('))
-    return module.text, "    " + line.strip() + "\n"
-
-
-VIEW_MODULE, FORMATS_LINE = documented_sketch()
+# The format's module and its FORMATS line, as docs/design.md ("Formats") shows them.
+VIEW_MODULE, FORMATS_LINE = documented_sketch("def render_tap(", "FORMATS: dict[str, Format]", '"tap": Format(')
 
 
 def copy_with_a_new_format(tmp: Path) -> Path:
     """The package copied to TMP/pkg/reconcile_host, plus the two places of a new format."""
-    pkg = tmp / "pkg" / "reconcile_host"
-    shutil.copytree(ROOT, pkg, ignore=shutil.ignore_patterns(".git", ".venv*", "tests", "bench", "docs", "build",
-                                                             "__pycache__", "*.egg-info", ".*cache"))
+    pkg = copy_package(tmp)
     (pkg / "views" / "tap.py").write_text(VIEW_MODULE)
-    table = pkg / "views" / "__init__.py"
-    text = table.read_text()
-    anchor = '    "prometheus": Format('
-    assert text.count(anchor) == 1
-    table.write_text(text.replace(anchor, FORMATS_LINE + anchor))
+    insert_at(pkg / "views" / "__init__.py", '    "prometheus": Format(', FORMATS_LINE)
     return pkg
-
-
-def env_for(pkg: Path, tmp: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(pkg.parent), "RECONCILE_CACHE_DIR": str(tmp / "cache"),
-            "RECONCILE_STATE_DIR": str(tmp / "state")}
 
 
 def run(pkg: Path, tmp: Path, *args: str, door: str = VIA_MAIN) -> subprocess.CompletedProcess:

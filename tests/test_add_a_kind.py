@@ -11,30 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from addition_support import copy_package, documented_sketch, env_for, insert_at
 
-DESIGN = ROOT / "docs" / "design.md"
-
-
-def documented_sketch() -> tuple[str, str]:
-    """The kind's module and its registry line, as docs/design.md ("Adding a kind") shows them:
-    the test runs the documented sketch itself, not a copy of it."""
-    from docs_support import blocks
-
-    python = [b for b in blocks(DESIGN) if b.lang == "python"]
-    module = next(b for b in python if "class FilesReconciler(Reconciler)" in b.text)
-    registry = next(b for b in python if "KINDS: dict[str, Kind]" in b.text)
-    line = next(line for line in registry.lines if line.strip().startswith('"files": Kind('))
-    return module.text, "    " + line.strip() + "\n"
-
-
-KIND_MODULE, REGISTRY_LINE = documented_sketch()
+# The kind's module and its registry line, as docs/design.md ("Adding a kind") shows them.
+KIND_MODULE, REGISTRY_LINE = documented_sketch("class FilesReconciler(Reconciler)", "KINDS: dict[str, Kind]",
+                                               '"files": Kind(')
 
 KIND_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -55,24 +41,16 @@ KIND_SCHEMA = {
 
 def copy_with_a_new_kind(tmp: Path) -> Path:
     """The package copied to TMP/pkg/reconcile_host, plus the three places of a new kind."""
-    pkg = tmp / "pkg" / "reconcile_host"
-    shutil.copytree(ROOT, pkg, ignore=shutil.ignore_patterns(".git", ".venv*", "tests", "bench", "docs", "build",
-                                                             "__pycache__", "*.egg-info", ".*cache"))
+    pkg = copy_package(tmp)
     (pkg / "reconcilers" / "files.py").write_text(KIND_MODULE)
     (pkg / "schema" / "kinds" / "files.schema.json").write_text(json.dumps(KIND_SCHEMA, indent=2))
-    registry = pkg / "reconcilers" / "__init__.py"
-    text = registry.read_text()
-    anchor = '    "extractions": Kind('
-    assert text.count(anchor) == 1
-    registry.write_text(text.replace(anchor, REGISTRY_LINE + anchor))
+    insert_at(pkg / "reconcilers" / "__init__.py", '    "extractions": Kind(', REGISTRY_LINE)
     return pkg
 
 
 def run(pkg: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(pkg.parent), "RECONCILE_CACHE_DIR": str(tmp / "cache"),
-           "RECONCILE_STATE_DIR": str(tmp / "state")}
     return subprocess.run([sys.executable, "-m", "reconcile_host", *args], capture_output=True, text=True,
-                          env=env, timeout=120, cwd=tmp)
+                          env=env_for(pkg, tmp), timeout=120, cwd=tmp)
 
 
 def test_a_kind_added_in_three_places_works_end_to_end(tmp_path):

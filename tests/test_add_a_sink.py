@@ -10,48 +10,26 @@ the sink saw every finished run, refusals included, with their closed-set reason
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DESIGN = ROOT / "docs" / "design.md"
+from addition_support import copy_package, documented_sketch, env_for, insert_at
+
 OK_STATE = "version: 1\nmounts:\n  /:\n    mounted: true\n"
 
 
-def documented_sketch() -> tuple[str, str]:
-    from docs_support import blocks
-
-    python = [b for b in blocks(DESIGN) if b.lang == "python"]
-    module = next(b for b in python if "class Record:" in b.text)
-    registry = next(b for b in python if "SINKS: dict[str, str]" in b.text)
-    line = next(line for line in registry.lines if line.strip().startswith('"record":'))
-    return module.text, "    " + line.strip() + "\n"
-
-
-SINK_MODULE, REGISTRY_LINE = documented_sketch()
+# The sink's module and its SINKS line, as docs/design.md ("Sinks") shows them.
+SINK_MODULE, REGISTRY_LINE = documented_sketch("class Record:", "SINKS: dict[str, str]", '"record":')
 
 
 def copy_with_a_new_sink(tmp: Path) -> Path:
-    pkg = tmp / "pkg" / "reconcile_host"
-    shutil.copytree(ROOT, pkg, ignore=shutil.ignore_patterns(".git", ".venv*", "tests", "bench", "docs", "build",
-                                                             "__pycache__", "*.egg-info", ".*cache"))
+    pkg = copy_package(tmp)
     (pkg / "doors" / "sinks" / "record.py").write_text(SINK_MODULE)
-    registry = pkg / "doors" / "sinks" / "__init__.py"
-    text = registry.read_text()
-    anchor = 'SINKS: dict[str, str] = {\n'
-    assert text.count(anchor) == 1
-    registry.write_text(text.replace(anchor, anchor + REGISTRY_LINE))
+    insert_at(pkg / "doors" / "sinks" / "__init__.py", 'SINKS: dict[str, str] = {\n', REGISTRY_LINE, after=True)
     return pkg
-
-
-def env_for(pkg: Path, tmp: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(pkg.parent), "RECONCILE_CACHE_DIR": str(tmp / "cache"),
-            "RECONCILE_STATE_DIR": str(tmp / "state")}
 
 
 def run(pkg: Path, tmp: Path, *args: str) -> subprocess.CompletedProcess:
