@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from reconcile_host.reconcilers.gpus import health
-from reconcile_host.reconcilers.gpus.fold import parse_kernel_log
+from reconcile_host.reconcilers.gpus.fold import LogFold, parse_kernel_log
 from reconcile_host.reconcilers.gpus.kernel_log import JOURNAL, KMSG, read_kernel_log, record_path
 from reconcile_host.reconcilers.gpus.observed import Gpu
 
@@ -80,6 +80,28 @@ def test_repeats_fold_into_one_event_per_distinct_fault():
     assert "addresses vary" in mmu[0].describe()
     # Xid 154 to 0x1 and to 0x2 differ in their step: never folded into one.
     assert {e.action for e in events if e.xid == 154} == {"RESET_GPU", "RESTART_BM"}
+
+
+@pytest.mark.parametrize("block_lines", [7, 500, 20_000])
+def test_a_storm_folded_by_blocks_equals_the_fold_a_line_at_a_time(block_lines):
+    # The block path counts each distinct message at C speed and looks up only its first and last
+    # line; the line path walks every line. Same events, counts, first and last times, `varies`.
+    lines = storm(20_000).splitlines()
+    by_line = LogFold()
+    by_line._feed_each(lines)
+    by_block = LogFold()
+    for at in range(0, len(lines), block_lines):
+        by_block.feed(text="\n".join(lines[at:at + block_lines]))
+    # LAST_N (the line number of an event's latest line) is the block's end on the block path: no
+    # (re)initialisation falls inside a counted block, so whether a fault is current is the same.
+    def without_line_numbers(fold):
+        state = fold.state()
+        state["events"] = [ev[:7] + ev[8:] for ev in state["events"]]
+        return state
+
+    assert without_line_numbers(by_block) == without_line_numbers(by_line)
+    assert by_block.kernel_events() == by_line.kernel_events()
+    assert sum(ev[6] for ev in by_block.state()["events"]) == sum("NVRM: Xid" in x for x in lines)
 
 
 def _rchar() -> int:

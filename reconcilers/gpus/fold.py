@@ -47,7 +47,7 @@ _WHEN_RES = (re.compile(r"\[\s*\d+\.\d+\]"),  # dmesg: seconds since boot
              re.compile(r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"),  # dmesg -T
              re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d+[+-]\d\d:?\d\d"),  # dmesg --time-format iso
              re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d"))  # syslog
-_TAIL_RE = re.compile(r"NVRM:([^\n]*)")
+_TAIL_RE = re.compile(r"NVRM:(.*)")  # `.` stops at a newline; sre scans it faster than [^\n]
 _PCI_KEYS: dict[str, str] = {}  # as printed -> pci_key: a machine has a few GPUs
 CACHE_MAX = 1024  # messages remembered verbatim: repeats skip the regular expressions
 
@@ -141,15 +141,14 @@ class LogFold:
         of 800,000 lines is a few dozen messages), judged once, and its first and last line looked
         up for their times."""
         tails = _TAIL_RE.findall(text)
-        last_at = dict(zip(tails, range(len(tails)), strict=True))  # in the order each first appears
-        if any(_LOAD_TAIL in tail or _PROBE_TAIL in tail for tail in last_at):
+        counts = Counter(tails)  # each distinct message once, in the order each first appears
+        if any(_LOAD_TAIL in tail or _PROBE_TAIL in tail for tail in counts):
             return False  # a driver load or a probe message: a line at a time (nothing was folded yet)
-        counts = Counter(tails)
         self.lines += count
         n = self.lines  # every fault here is after the last (re)initialisation and before the next
         cache, events = self._cache, self.events
-        latest: dict[tuple, tuple[int, str]] = {}  # fold key -> (index of its latest line here, message)
-        for tail, at in last_at.items():
+        key_of: dict[str, tuple] = {}  # message -> fold key, for the faults here
+        for tail, times in counts.items():
             hit = cache.get(tail) or self._classify(tail, cache)
             if hit is _NOTHING or hit is _LOAD_MARK or hit[0] == "reset":
                 continue  # (a load or reset would have sent these lines to _feed_each)
@@ -158,14 +157,21 @@ class LogFold:
             if ev is None:
                 head = _head(text, _line_of(text, "NVRM:" + tail, last=False))
                 ev = events[key] = [key[0], key[1], detail, key[2], head, head, 0, n, False]
-            ev[COUNT] += counts[tail]
-            if at > latest.get(key, (-1, ""))[0]:
-                latest[key] = (at, tail)
+            ev[COUNT] += times
             if detail != ev[DETAIL]:
                 ev[VARIES] = True
-        for key, (_, tail) in latest.items():
-            ev = events[key]
-            ev[LAST], ev[LAST_N] = _head(text, _line_of(text, "NVRM:" + tail, last=True)), n
+            key_of[tail] = key
+        # Each fault's latest line: walk back from the end until every fault here is met (in a
+        # storm, within a few lines; never more than the block).
+        unmet = set(key_of.values())
+        for tail in reversed(tails):
+            key = key_of.get(tail)
+            if key in unmet:
+                unmet.discard(key)
+                ev = events[key]
+                ev[LAST], ev[LAST_N] = _head(text, _line_of(text, "NVRM:" + tail, last=True)), n
+                if not unmet:
+                    break
         return True
 
     def _feed_each(self, lines: Iterable[str]) -> None:

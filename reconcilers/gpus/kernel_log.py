@@ -152,7 +152,10 @@ def _line_blocks(read: Callable[[int], bytes]) -> Iterator[bytes]:
 def _texts_of(read: Callable[[int], bytes]) -> Iterator[str]:
     """_line_blocks, decoded."""
     for block in _line_blocks(read):
-        yield block.decode("utf-8", "replace")
+        try:
+            yield block.decode("ascii")  # a kernel log is ASCII almost always: the fast decoder
+        except UnicodeDecodeError:
+            yield block.decode("utf-8", "replace")
 
 
 def _read_file(path: str, boot: str) -> tuple[LogFold, KernelLog]:
