@@ -44,20 +44,15 @@ static void count_line(const char *fmt, ...) {
     close(fd);
 }
 
-/* Up to len-1 bytes of a /proc file, NUL-terminated; -1 when it cannot be opened (the process is gone).
- * ONCE: one read(2), enough for what stat is read for (the name and state come first: the name is at
- * most 64 bytes, proc_task_name's "%.64s"); otherwise read to the end or the buffer's size, as fread did. */
-static int read_proc(const char *path, char *buf, size_t len, int once) {
+/* Up to len-1 bytes of a /proc file, NUL-terminated, in one read(2): a /proc file's read handler gives
+ * all it has up to the size asked (seq_read; proc_pid_cmdline_read loops over the pages itself); -1 when
+ * it cannot be opened (the process is gone). */
+static int read_proc(const char *path, char *buf, size_t len) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
-    size_t n = 0;
-    while (n + 1 < len) {
-        ssize_t r = read(fd, buf + n, len - 1 - n);
-        if (r <= 0) break;
-        n += (size_t)r;
-        if (once) break;
-    }
+    ssize_t n = read(fd, buf, len - 1);
     close(fd);
+    if (n < 0) n = 0;
     buf[n] = 0;
     return (int)n;
 }
@@ -101,7 +96,7 @@ static int scan(match_t *out, int max, const int *want) {
         if (need_stat) {
             snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
             stats++;
-            if (read_proc(path, stat, sizeof stat, 1) <= 0 || stat_fields(stat, &name, &state)) continue;
+            if (read_proc(path, stat, sizeof stat) <= 0 || stat_fields(stat, &name, &state)) continue;
             if (state == 'Z' || state == 'X') continue; /* a zombie holds nothing */
             have_stat = 1;
         }
@@ -112,7 +107,7 @@ static int scan(match_t *out, int max, const int *want) {
                 if (!have_cmd) {
                     snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
                     cmdlines++;
-                    int len = read_proc(path, cmd, sizeof cmd, 0);
+                    int len = read_proc(path, cmd, sizeof cmd);
                     if (len < 0) break; /* gone */
                     for (int i = 0; i < len; i++) if (!cmd[i]) cmd[i] = ' ';
                     have_cmd = 1;
@@ -122,7 +117,7 @@ static int scan(match_t *out, int max, const int *want) {
             if (!have_stat) { /* matched by its command line alone: is it alive, not a zombie? */
                 snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
                 stats++;
-                if (read_proc(path, stat, sizeof stat, 1) <= 0 || stat_fields(stat, &name, &state) ||
+                if (read_proc(path, stat, sizeof stat) <= 0 || stat_fields(stat, &name, &state) ||
                     state == 'Z' || state == 'X')
                     break;
                 have_stat = 1;
