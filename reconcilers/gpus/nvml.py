@@ -245,8 +245,8 @@ def _clock_events(nv: Any, h: Any, q: Callable) -> tuple[str, ...] | None:
 
 
 # Room for this many processes in a list's first call: more than nearly any GPU has, so NVML is
-# asked once per list, as nvidia-smi does, rather than twice as pynvml's wrappers do (the count with
-# no buffer, then the entries). Each entry is 24 bytes.
+# asked once per list (nvml.h: a call with room returns the entries), rather than twice as pynvml's
+# wrappers do (the count with no buffer, then the entries). Each entry is 24 bytes.
 FIRST_ROOM = 64
 # INSUFFICIENT_SIZE this many times in a row (processes starting faster than the lists grow): the
 # list is not read, an error, never empty.
