@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FAKE_SRC = tuple(HERE / "fakenvml" / f for f in ("fakenvml.c", "fakenvml_more.c", "fakenvml_errors.c",
-                                                 "fakenvml_settings.c"))
+FAKE_SRC = tuple(HERE / "fakenvml" / f for f in ("fakenvml.c", "fakenvml_procs.c", "fakenvml_more.c",
+                                                 "fakenvml_errors.c", "fakenvml_settings.c"))
 HOLDER = HERE / "fakenvml" / "holder.py"
 DATA = HERE / "data" / "gpus"
 SEED_TOTAL_MIB = 97887  # RTX PRO 6000 Blackwell, as nvidia-smi showed it on the seed host

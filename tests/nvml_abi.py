@@ -150,6 +150,7 @@ def record_main(out: Path) -> None:
     reading = nvml_observe(ALL_SETTINGS)
     for setting, value in SETTER_VALUES:
         setter_child({"uuid": reading.gpus[0].uuid, "gpu": 0, "setting": setting, "value": value}, io.BytesIO())
+    by_code = sorted(rec.calls)  # the library's functions reconcile's own code called
     funcs, _ = referenced(HERE.parent, pynvml)
     direct = []
     pynvml.nvmlInit()
@@ -167,7 +168,7 @@ def record_main(out: Path) -> None:
             break
     pynvml.nvmlShutdown()
     with out.open("w") as f:
-        json.dump({"calls": rec.calls, "wrappers": sorted(rec.wrappers), "direct": direct,
+        json.dump({"calls": rec.calls, "wrappers": sorted(rec.wrappers), "direct": direct, "by_code": by_code,
                    "pynvml": getattr(pynvml, "__file__", "?")}, f, indent=1, sort_keys=True)
 
 

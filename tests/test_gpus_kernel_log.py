@@ -193,6 +193,25 @@ def test_kmsg_from_boot_is_read_once_then_only_new_records(env, monkeypatch):
     assert not log.resumed and log.lines_read == 4
 
 
+def test_a_resume_with_nothing_new_leaves_the_record_as_it_was(env, monkeypatch):
+    """A watch pass on a quiet machine: the ring buffer has nothing after the record's number, so the
+    record (the same fold, the same number) is not written again; a new record is."""
+    ring = env / "kmsg"
+    recs = [(0, "Linux version 6.1.0"), (1, "usb 1-1: new device")]
+    ring.write_text(kmsg(recs))
+    monkeypatch.setenv("RECONCILE_KMSG", str(ring))
+    read_kernel_log()
+    record = Path(record_path())
+    written = record.stat()
+    _, log = read_kernel_log()
+    assert log.resumed and log.lines_read == 0
+    assert (record.stat().st_ino, record.stat().st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+    ring.write_text(kmsg([*recs, (2, "NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off the bus.")]))
+    fold, log = read_kernel_log()
+    assert log.resumed and log.lines_read == 1 and [e.xid for e in fold.kernel_events()] == [79]
+    assert record.stat().st_ino != written.st_ino and json.loads(record.read_text())["position"]["seq"] == 2
+
+
 def test_a_wrapped_ring_buffer_goes_to_the_journal(env, monkeypatch):
     ring = env / "kmsg"
     ring.write_text(kmsg([(500, "usb 1-1: new device")]))

@@ -31,6 +31,7 @@ import errno
 import json
 import os
 import re
+import stat
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -54,6 +55,7 @@ JOURNAL = " ".join(JOURNAL_ARGV[:4])
 RECORD = "gpus-kernel-log.json"
 RECORD_FORMAT = 1
 CHUNK = 1 << 18  # bytes decoded at a time
+KMSG_READ = 8192  # CONSOLE_EXT_LOG_MAX: the longest record /dev/kmsg gives
 BATCH = 4096  # ring-buffer records folded at a time
 FINGERPRINT = 4096  # bytes at each end of what a file's record covers, hashed
 _STAMP_RE = re.compile(r"\[\s*(\d+)\.\d+\]")
@@ -185,17 +187,24 @@ def _read_file(path: str, boot: str) -> tuple[LogFold, KernelLog]:
 
 # --- the machine: /dev/kmsg, else the journal ---
 
-def _kmsg_records(fd: int) -> Iterator[tuple[int, str]]:
-    """(sequence number, the line as dmesg prints it) of each record from FD on, until the ring
-    buffer has no more. A record overwritten while being read (EPIPE) shows as a jump in numbers."""
-    def read(size: int) -> bytes:
+def _kmsg_records(fd: int) -> Iterator[tuple[int, int, bytes]]:
+    """(sequence number, microseconds since boot, the message) of each record from FD on, until the
+    ring buffer has no more. A record overwritten while being read (EPIPE) shows as a jump in numbers.
+    /dev/kmsg gives one record a read, of at most CONSOLE_EXT_LOG_MAX (8 KiB) bytes: util-linux's
+    dmesg reads it with BUFSIZ (8 KiB), not a file's chunk (a read's buffer is allocated whole)."""
+    size = KMSG_READ if stat.S_ISCHR(os.fstat(fd).st_mode) else CHUNK
+
+    def read(_: int) -> bytes:
+        nonlocal size
         while True:
             try:
                 return os.read(fd, size)  # /dev/kmsg: one record a read; a regular file: many
             except BlockingIOError:
                 return b""  # the ring buffer has no more
             except OSError as exc:
-                if exc.errno != errno.EPIPE:
+                if exc.errno == errno.EINVAL and size < CHUNK:
+                    size = CHUNK  # a record longer than the kernel's own limit: read it whole
+                elif exc.errno != errno.EPIPE:
                     raise
 
     for block in _line_blocks(read):
@@ -208,24 +217,30 @@ def _kmsg_records(fd: int) -> Iterator[tuple[int, str]]:
                 seq, usec = int(fields[1]), int(fields[2])
             except (IndexError, ValueError):
                 continue
-            line = f"[{usec // 1000000:5d}.{usec % 1000000:06d}] " + text.decode("utf-8", "replace")
-            if "\\x" in line:  # the kernel escapes newlines and other bytes in a message
-                line = _KMSG_ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 16)), line).replace("\n", "\n" + " " * 15)
-            yield seq, line
+            yield seq, usec, text
 
 
-def _fold_kmsg(fold: LogFold, records: Iterator[tuple[int, str]], after: int) -> int:
+def _kmsg_line(usec: int, text: bytes) -> str:
+    """A record's message as dmesg prints it."""
+    line = f"[{usec // 1000000:5d}.{usec % 1000000:06d}] " + text.decode("utf-8", "replace")
+    if "\\x" in line:  # the kernel escapes newlines and other bytes in a message
+        line = _KMSG_ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 16)), line).replace("\n", "\n" + " " * 15)
+    return line
+
+
+def _fold_kmsg(fold: LogFold, records: Iterator[tuple[int, int, bytes]], after: int) -> int:
     """Fold the RECORDS numbered above AFTER (-1: all); a jump in numbers is lines lost. The last
     number read (AFTER when none)."""
     batch: list[str] = []
     last = after
-    for seq, line in records:
+    for seq, usec, text in records:
         if seq <= after:
             continue  # read by the last read: skipped unparsed
         if last >= 0 and seq != last + 1:
             fold.feed(batch)
             batch = []
             fold.gap(f"ring-buffer records {last + 1}..{seq - 1} were overwritten before they were read")
+        line = _kmsg_line(usec, text)
         if "\n" in line:
             batch.extend(line.split("\n"))
         else:
@@ -238,7 +253,8 @@ def _fold_kmsg(fold: LogFold, records: Iterator[tuple[int, str]], after: int) ->
     return last
 
 
-def _chain(first: tuple[int, str] | None, rest: Iterator[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+def _chain(first: tuple[int, int, bytes] | None, rest: Iterator[tuple[int, int, bytes]]
+           ) -> Iterator[tuple[int, int, bytes]]:
     if first is not None:
         yield first
     yield from rest
@@ -268,18 +284,20 @@ def _read_kmsg(fd: int, kmsg: str, boot: str) -> tuple[LogFold, KernelLog]:
     rec = _load_record(source, boot)
     last_seq = int(rec["position"]["seq"]) if rec else -1
     at_boot = first is not None and first[0] == 0
+    unchanged = False
     if rec is not None and (first is None or first[0] <= last_seq + 1):  # it follows on from the record
         fold = LogFold(rec["fold"])
         before = fold.lines
         last = _fold_kmsg(fold, _chain(first, records), last_seq)
         log = KernelLog(KMSG, complete=bool(rec.get("complete", True)), note=str(rec.get("note", "")),
                         lines_read=fold.lines - before, resumed=True)
+        unchanged = last == last_seq  # nothing new (and so no gap): the record stands, unwritten
     elif at_boot:
         fold = LogFold()
         last = _fold_kmsg(fold, _chain(first, records), -1)
         log = KernelLog(KMSG, lines_read=fold.lines)
     else:
-        start = first[1].split("]")[0] + "]" if first else ""
+        start = _kmsg_line(first[1], first[2]).split("]")[0] + "]" if first else ""
         ring = ("the kernel ring buffer is empty" if first is None else
                 f"the kernel ring buffer starts at {start}, not at boot (rotated)" if rec is None else
                 f"the kernel ring buffer wrapped past the last read (record {last_seq}; it now starts at {first[0]})")
@@ -297,7 +315,7 @@ def _read_kmsg(fd: int, kmsg: str, boot: str) -> tuple[LogFold, KernelLog]:
         before = fold.lines
         last = _fold_kmsg(fold, _chain(first, records), first[0] - 1 if first else -1)
         log = KernelLog(KMSG, complete=complete, note=note, lines_read=fold.lines - before, resumed=rec is not None)
-    if last >= 0:
+    if last >= 0 and not unchanged:
         _save_record(source, boot, fold, log, {"seq": last})
     return fold, log
 

@@ -244,6 +244,15 @@ def _clock_events(nv: Any, h: Any, q: Callable) -> tuple[str, ...] | None:
     return tuple(name for bit, name in CLOCK_EVENT_BITS.items() if bits & bit)
 
 
+# Room for this many processes in a list's first call: more than nearly any GPU has, so NVML is
+# asked once per list (nvml.h: a call with room returns the entries), rather than twice as pynvml's
+# wrappers do (the count with no buffer, then the entries). Each entry is 24 bytes.
+FIRST_ROOM = 64
+# INSUFFICIENT_SIZE this many times in a row (processes starting faster than the lists grow): the
+# list is not read, an error, never empty.
+LIST_TRIES = 4
+
+
 @cache
 def _process_info() -> Any:
     """nvml.h's nvmlProcessInfo_v2_t (= nvmlProcessInfo_t), the entry of the _v2 and _v3 process lists
@@ -257,37 +266,32 @@ def _process_info() -> Any:
     return ProcessInfo
 
 
-def _pynvml_lists_right(nv: Any) -> bool:
-    """Whether pynvml's process lists use nvml.h's entry. nvidia-ml-py 12.535.77's c_nvmlProcessInfo_t has a
-    fifth field (usedGpuCcProtectedMemory: 32 bytes, in no nvml.h), so its _v3 lists read the driver's
-    24-byte entries at a 32-byte stride: every process after the first has a wrong PID and memory
-    (tests/test_fakenvml_abi.py finds it against nvml.h). It also has no _v2 wrappers."""
+def _process_list(nv: Any, h: Any, symbol: str, room: int = FIRST_ROOM) -> list[Any]:
+    """The process list of SYMBOL (nvmlDevice{Compute,Graphics}RunningProcesses_v3/_v2) in one call with
+    ROOM entries, again with room for the count NVML said it needs (and as many again, plus 5, as pynvml
+    gives) while it answers NVML_ERROR_INSUFFICIENT_SIZE (nvml.h: "infoCount will contain minimal amount of
+    space necessary"). Read with nvml.h's own entry, not pynvml's: nvidia-ml-py 12.535.77's
+    c_nvmlProcessInfo_t has a fifth field (usedGpuCcProtectedMemory: 32 bytes, in no nvml.h), so its _v3
+    lists read the driver's 24-byte entries at a 32-byte stride (tests/test_fakenvml_abi.py). The entries
+    as pynvml's wrappers give them (NVML_VALUE_NOT_AVAILABLE memory as None); errors as pynvml's
+    NVMLError subclasses (FunctionNotFound on a driver without SYMBOL)."""
     import ctypes
 
-    entry = getattr(nv, "c_nvmlProcessInfo_v3_t", None) or getattr(nv, "c_nvmlProcessInfo_t", None)
-    return entry is None or ctypes.sizeof(entry) == ctypes.sizeof(_process_info())
-
-
-def _process_list(nv: Any, h: Any, symbol: str) -> list[Any]:
-    """The process list of SYMBOL read with nvml.h's own entry, as pynvml's wrapper does (NVML's two
-    calls: the count, then the entries; NVML_VALUE_NOT_AVAILABLE memory as None); NVMLError as pynvml's."""
-    import ctypes
-
-    fn = nv._nvmlGetFunctionPointer(symbol)  # NVMLError_FunctionNotFound on a driver without it
-    count = ctypes.c_uint(0)
-    ret = fn(h, ctypes.byref(count), None)
-    if ret == nv.NVML_SUCCESS:
-        return []
-    if ret != nv.NVML_ERROR_INSUFFICIENT_SIZE:
-        raise nv.NVMLError(ret)
-    count.value = count.value * 2 + 5  # room for processes started between the two calls
-    entries = (_process_info() * count.value)()
-    ret = fn(h, ctypes.byref(count), entries)
-    if ret != nv.NVML_SUCCESS:
-        raise nv.NVMLError(ret)
-    return [SimpleNamespace(pid=e.pid, usedGpuMemory=None if e.usedGpuMemory == 2**64 - 1 else e.usedGpuMemory,
-                            gpuInstanceId=e.gpuInstanceId, computeInstanceId=e.computeInstanceId)
-            for e in entries[:count.value]]
+    fn = nv._nvmlGetFunctionPointer(symbol)
+    ret = nv.NVML_ERROR_INSUFFICIENT_SIZE
+    for _ in range(LIST_TRIES):
+        entries = (_process_info() * room)()
+        count = ctypes.c_uint(room)
+        ret = fn(h, ctypes.byref(count), entries)
+        if ret == nv.NVML_SUCCESS:
+            return [SimpleNamespace(pid=e.pid,
+                                    usedGpuMemory=None if e.usedGpuMemory == 2**64 - 1 else e.usedGpuMemory,
+                                    gpuInstanceId=e.gpuInstanceId, computeInstanceId=e.computeInstanceId)
+                    for e in entries[:min(count.value, room)]]
+        if ret != nv.NVML_ERROR_INSUFFICIENT_SIZE:
+            break
+        room = max(count.value, room) * 2 + 5  # room for processes started before the next call
+    raise nv.NVMLError(ret)
 
 
 def _processes(nv: Any, h: Any, i: int, q: Callable, uses: dict[int, list[GpuUse]]) -> bool:
@@ -295,24 +299,19 @@ def _processes(nv: Any, h: Any, i: int, q: Callable, uses: dict[int, list[GpuUse
     when a list could not be read."""
     seen: dict[tuple[int, int | None], int | None] = {}
     listed = True
-    pynvml_right = _pynvml_lists_right(nv)
     for kind in ("Compute", "Graphics"):
         procs = None
         for suffix in ("_v3", "_v2"):  # _v3 from driver 510.39 on
             symbol = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
-            fn = getattr(nv, symbol, None) if pynvml_right else None
-            if fn is None:  # a pynvml whose lists are wrong, or without this wrapper: nvml.h's entry
-                def fn(h: Any, symbol: str = symbol) -> list[Any]:
-                    return _process_list(nv, h, symbol)
             try:
-                procs = fn(h)
+                procs = _process_list(nv, h, symbol)
                 break
             except nv.NVMLError_FunctionNotFound:
                 continue
             except nv.NVMLError_NotSupported:
                 break
-            except nv.NVMLError:
-                procs = q(f"{kind.lower()} processes", fn, h)
+            except nv.NVMLError as exc:
+                q(f"{kind.lower()} processes", _raise, exc)  # kept as q keeps any error: lost, or a read error
                 listed = False
                 break
         for p in procs or ():
@@ -327,6 +326,10 @@ def _processes(nv: Any, h: Any, i: int, q: Callable, uses: dict[int, list[GpuUse
     for (pid, gi), mem in seen.items():
         uses.setdefault(pid, []).append(GpuUse(i, None if mem is None else int(mem), gi))
     return listed
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
 
 
 def _mig_instances(nv: Any, h: Any, q: Callable) -> tuple[MigInstance, ...]:

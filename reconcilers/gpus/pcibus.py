@@ -41,8 +41,13 @@ def sysfs_root() -> str:
 
 
 def _read(path: str) -> str:
-    with open(path, encoding="ascii", errors="replace") as fh:
-        return fh.read().strip()
+    """A sysfs attribute (a line of a few bytes: one read gives it all), without a text file object:
+    the bus is read on every observation, two files per device."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
 
 
 def read_pci_bus(root: str) -> PciBus:

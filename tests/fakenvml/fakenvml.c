@@ -33,7 +33,8 @@
  * in a container shows PIDs of another namespace); `graphics=1` lists it as a
  * graphics instead of a compute process, `both=1` in both lists (C+G);
  * `mem_na=1` reports its usedGpuMemory as NVML_VALUE_NOT_AVAILABLE; `gi=N` puts
- * it in MIG GPU instance N.
+ * it in MIG GPU instance N. fakenvml_procs.c finds them ($FAKE_NVML_COUNT: a file
+ * where each scan of /proc and each process-list call is counted).
  *
  * `error=` with `error_on=` makes the named calls (or all, including the handle
  * lookup) return that error, as a GPU that fell off the bus does; call names:
@@ -56,7 +57,6 @@
  * tests/nvml_header.py fetches it.
  */
 #include <ctype.h>
-#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -288,102 +288,6 @@ nvmlReturn_t check(fake_gpu *g, const char *call) {
 int unsupported(const fake_gpu *g, const char *what) { return has_word(g->unsupported, what); }
 
 
-/* --- live processes ------------------------------------------------------------ */
-
-typedef struct { unsigned pid; int holder; } match_t;
-
-static int read_file(const char *path, char *buf, size_t len) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    size_t n = fread(buf, 1, len - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return (int)n;
-}
-
-/* Every (live process, holder) pair that matches, scanning /proc now. */
-static int scan(match_t *out, int max) {
-    int n = 0;
-    DIR *d = opendir("/proc");
-    if (!d) return 0;
-    struct dirent *e;
-    char path[64], stat[1024], comm[64], cmd[4096];
-    while ((e = readdir(d)) && n < max) {
-        if (!isdigit((unsigned char)e->d_name[0])) continue;
-        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-        if (read_file(path, stat, sizeof stat) <= 0) continue;
-        char *rp = strrchr(stat, ')');
-        if (!rp || rp[1] != ' ' || rp[2] == 'Z' || rp[2] == 'X') continue; /* a zombie holds nothing */
-        snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
-        if (read_file(path, comm, sizeof comm) < 0) continue;
-        comm[strcspn(comm, "\n")] = 0;
-        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
-        int len = read_file(path, cmd, sizeof cmd);
-        if (len < 0) continue;
-        for (int i = 0; i < len; i++) if (!cmd[i]) cmd[i] = ' ';
-        for (unsigned h = 0; h < nholders && n < max; h++) {
-            if (holders[h].comm[0] && strcmp(holders[h].comm, comm)) continue;
-            if (holders[h].cmdline[0] && !strstr(cmd, holders[h].cmdline)) continue;
-            out[n].pid = (unsigned)strtoul(e->d_name, NULL, 10);
-            out[n].holder = (int)h;
-            n++;
-        }
-    }
-    closedir(d);
-    return n;
-}
-
-static int holds(const fake_holder *h, unsigned gpu) {
-    for (int i = 0; i < h->ngpus; i++) if (h->gpus[i] == (int)gpu) return 1;
-    return 0;
-}
-
-int busy(const fake_gpu *g) {
-    static match_t m[MAX_PROCS];
-    int n = scan(m, MAX_PROCS);
-    for (int i = 0; i < n; i++) if (holds(&holders[m[i].holder], g->index)) return 1;
-    return 0;
-}
-
-/* Bytes held on GPU g (in MIG instance gi, or all of it when gi < 0). */
-static unsigned long long used_bytes(const fake_gpu *g, int gi) {
-    static match_t m[MAX_PROCS];
-    int n = scan(m, MAX_PROCS);
-    unsigned long long used = gi < 0 ? g->used_mib * MIB : 0;
-    for (int i = 0; i < n; i++) {
-        const fake_holder *h = &holders[m[i].holder];
-        if (holds(h, g->index) && (gi < 0 || h->gi == gi)) used += h->mib * MIB;
-    }
-    return used;
-}
-
-static nvmlReturn_t processes(nvmlDevice_t dev, unsigned *count, nvmlProcessInfo_t *infos, int graphics) {
-    static match_t m[MAX_PROCS];
-    fake_gpu *g = as_gpu(dev);
-    CHECK(g, "processes");
-    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    int n = scan(m, MAX_PROCS);
-    unsigned found = 0;
-    for (int i = 0; i < n; i++) {
-        const fake_holder *h = &holders[m[i].holder];
-        if (h->hidden || !holds(h, g->index)) continue;
-        if (!h->both && h->graphics != graphics) continue;
-        if (infos && found < *count) {
-            infos[found].pid = m[i].pid;
-            infos[found].usedGpuMemory = h->mem_na ? NOT_AVAILABLE : h->mib * MIB;
-            infos[found].gpuInstanceId = (g->mig && h->gi >= 0) ? (unsigned)h->gi : NO_INSTANCE;
-            infos[found].computeInstanceId = (g->mig && h->gi >= 0) ? (unsigned)(h->ci >= 0 ? h->ci : 0) : NO_INSTANCE;
-        }
-        found++;
-    }
-    if (!infos || found > *count) {
-        *count = found;
-        return found ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
-    }
-    *count = found;
-    return NVML_SUCCESS;
-}
-
 /* --- the NVML API (only what pynvml calls for reconcile) -------------------------- */
 
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
@@ -537,20 +441,20 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem) 
 }
 
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t dev, unsigned *count, nvmlProcessInfo_t *infos) {
-    return processes(dev, count, infos, 0);
+    return processes("nvmlDeviceGetComputeRunningProcesses_v3", dev, count, infos, 0);
 }
 
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t dev, unsigned *count, nvmlProcessInfo_t *infos) {
-    return processes(dev, count, infos, 1);
+    return processes("nvmlDeviceGetGraphicsRunningProcesses_v3", dev, count, infos, 1);
 }
 #endif
 
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t dev, unsigned *count, nvmlProcessInfo_t *infos) {
-    return processes(dev, count, infos, 0);
+    return processes("nvmlDeviceGetComputeRunningProcesses_v2", dev, count, infos, 0);
 }
 
 nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t dev, unsigned *count, nvmlProcessInfo_t *infos) {
-    return processes(dev, count, infos, 1);
+    return processes("nvmlDeviceGetGraphicsRunningProcesses_v2", dev, count, infos, 1);
 }
 
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, nvmlTemperatureSensors_t sensor, unsigned int *temp) {

@@ -1,7 +1,7 @@
-/* Shared by fakenvml.c (config, processes, the core queries), fakenvml_more.c (field values,
- * clock events, PCIe, NVLink, VBIOS, persistence, MIG) and fakenvml_settings.c (the settings'
- * getters and setters, the state kept between processes, the call log): see fakenvml.c for the
- * configuration. */
+/* Shared by fakenvml.c (config, the core queries), fakenvml_procs.c (the live processes that hold
+ * memory), fakenvml_more.c (field values, clock events, PCIe, NVLink, VBIOS, persistence, MIG) and
+ * fakenvml_settings.c (the settings' getters and setters, the state kept between processes, the call
+ * log): see fakenvml.c for the configuration. */
 #ifndef FAKENVML_H
 #define FAKENVML_H
 #include <stddef.h>
@@ -110,6 +110,10 @@ int parse_list(const char *val, unsigned *out, int max);
 const char *driver(void);
 /* Holders alive on GPU g now (a MIG change or a reset is refused while any is). */
 int busy(const fake_gpu *g);
+/* fakenvml_procs.c: the memory processes hold on GPU g (MIG instance gi, or all of it when gi < 0), and
+ * its compute (graphics=0) or graphics process list as NVML's CALL gives it. */
+unsigned long long used_bytes(const fake_gpu *g, int gi);
+nvmlReturn_t processes(const char *call, nvmlDevice_t dev, unsigned *count, nvmlProcessInfo_t *infos, int graphics);
 /* fakenvml_settings.c: defaults, config keys, the state file written by setters and read at init. */
 void settings_defaults(fake_gpu *g);
 int settings_key(fake_gpu *g, const char *key, const char *val);

@@ -10,7 +10,8 @@ static const struct { const char *name; nvmlReturn_t code; } ERRORS[] = {
     {"no_permission", NVML_ERROR_NO_PERMISSION}, {"driver_not_loaded", NVML_ERROR_DRIVER_NOT_LOADED},
     {"lib_rm_mismatch", NVML_ERROR_LIB_RM_VERSION_MISMATCH}, {"not_supported", NVML_ERROR_NOT_SUPPORTED},
     {"in_use", NVML_ERROR_IN_USE}, {"invalid_argument", NVML_ERROR_INVALID_ARGUMENT},
-    {"deprecated", NVML_ERROR_DEPRECATED}, {"unknown", NVML_ERROR_UNKNOWN},
+    {"deprecated", NVML_ERROR_DEPRECATED}, {"insufficient_size", NVML_ERROR_INSUFFICIENT_SIZE},
+    {"unknown", NVML_ERROR_UNKNOWN},
 };
 
 const char *error_name(nvmlReturn_t code) {
