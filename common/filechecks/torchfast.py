@@ -53,10 +53,10 @@ from .torchzip import (
 COMPILE_AFTER = 32  # files of one (entry count, directory size) before a shape is compiled
 MAX_SHAPES = 64  # compiled shapes kept (an extraction has a few: the digits of its indices)
 DESCRIPTOR_SIZE = 16  # miniz's data descriptor without ZIP64: signature, CRC-32, the two sizes
-_LOCAL = struct.Struct("<I22xI")  # a local header's signature; its name and extra lengths as one number
+_LOCAL = struct.Struct("<I22xHH")  # a local header's signature, its name and extra lengths
 # An entry's data descriptor (signature, CRC-32; its sizes skipped) and the local header right
-# after it (signature; name and extra lengths as one number).
-_LINK = struct.Struct("<II8xI22xI")
+# after it (signature, name and extra lengths).
+_LINK = struct.Struct("<II8xI22xHH")
 _LOCAL_SIG, _DESCRIPTOR_SIG = int.from_bytes(LOCAL_SIG, "little"), int.from_bytes(DESCRIPTOR_SIG, "little")
 # torch.save's ending: the ZIP64 end record (its size, disks, counts, the directory's size and
 # offset), the ZIP64 locator (the record's offset, disks), the end record (its comment's length).
@@ -187,7 +187,7 @@ def _source(n: int, cut: int, n_names: list[int], records: dict[str, int | None]
         f"    if h0 or not {each('f{k}', ' == ')} or not f0.isascii() or b'\\0' in f0"
         f" or ({each('s{k}')},) != ({each('u{k}')},):",
         "        return None",
-        "    sig, lengths = local(buf, 0)",
+        "    sig, n_name, n_extra = local(buf, 0)",
         "    try:",
     ]
     # Each entry: its local header (signature, the name's length as the directory's), its data
@@ -198,11 +198,11 @@ def _source(n: int, cut: int, n_names: list[int], records: dict[str, int | None]
         following = f"h{k + 1}" if k + 1 < n else "cd_ofs"
         aligned = " or a & 63" if alignment is not None else ""
         out += [
-            f"        a = h{k} + {30 + n_names[k]} + (lengths >> 16)",
-            f"        if sig != {_LOCAL_SIG} or lengths & 0xFFFF != {n_names[k]}{aligned}"
+            f"        a = h{k} + {30 + n_names[k]} + n_extra",
+            f"        if sig != {_LOCAL_SIG} or n_name != {n_names[k]}{aligned}"
             f" or a + s{k} + {DESCRIPTOR_SIZE} != {following}:",
             "            return None",
-            f"        d, crc, sig, lengths = link(buf, a + s{k})",
+            f"        d, crc, sig, n_name, n_extra = link(buf, a + s{k})",
             f"        if d != {_DESCRIPTOR_SIG} or crc != c{k}:",
             "            return None",
         ]
