@@ -16,7 +16,7 @@ import random
 import pytest
 import sample_damage
 import torch_support as ts
-from reconcile_host.common.filechecks import integrity
+from reconcile_host.common.filechecks import integrity, torchfast
 from reconcile_host.common.filechecks.integrity import CONTENT, STRUCTURE, check_path
 from reconcile_host.common.filechecks.torchfast import check_whole_buffer
 from reconcile_host.common.filechecks.torchpickle import PickleDamage
@@ -34,6 +34,8 @@ def samples(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("small")
     spec = [{"path": str(tmp / f"data_{n}.ckpt"), "fmt": "ckpt", "t": t, "h": h, "dtype": dtype, "seed": 7 + n,
              "crc": crc, "layout": layout} for n, (layout, t, h, dtype, crc) in enumerate(SMALL)]
+    # the first sample under names of 1 to 12 characters: 12 shapes of directory
+    spec += [dict(spec[0], path=str(tmp / f"{'n' * k}.ckpt")) for k in range(1, 13)]
     ts.write(new, spec, tmp)
     old = ts.old_torch_python()
     if old is not None:  # torch 1.13's files: no `.storage_alignment`, no serialization id
@@ -42,6 +44,15 @@ def samples(tmp_path_factory):
         ts.write(old, spec_old, tmp)
         spec += spec_old
     return [(s["path"], open(s["path"], "rb").read()) for s in spec]
+
+
+@pytest.fixture
+def at_once(monkeypatch):
+    """Every shape compiled the first time it is seen (torchfast.COMPILE_AFTER: by default after
+    32 files of its entry count and directory size), from empty caches."""
+    monkeypatch.setattr(torchfast, "COMPILE_AFTER", 1)
+    monkeypatch.setattr(torchfast, "_SHAPES", {})
+    monkeypatch.setattr(torchfast, "_SEEN", {})
 
 
 class Memory:
@@ -63,7 +74,7 @@ def slow(data: bytes):
     return True, result
 
 
-def test_fast_path_is_taken_for_torchs_own_files(samples):
+def test_fast_path_is_taken_for_torchs_own_files(samples, at_once):
     for path, data in samples:
         assert len(data) <= integrity.WHOLE_READ, (path, len(data))
         got = check_whole_buffer(data)
@@ -71,11 +82,13 @@ def test_fast_path_is_taken_for_torchs_own_files(samples):
         assert slow(data) == (True, got), path
 
 
-def test_fast_path_never_changes_a_verdict(samples, tmp_path, monkeypatch):
+def test_fast_path_never_changes_a_verdict(samples, tmp_path, monkeypatch, at_once):
     rng = random.Random(31)
     answered = damages = 0
     scratch = tmp_path / "data_9.ckpt"
     for path, pristine in samples:
+        if os.path.basename(path).startswith("n"):
+            continue  # (the same sample under other names: test_the_compiled_shapes_are_bounded)
         full = path.endswith("data_0.ckpt")
         for d in sample_damage.plan(pristine, "zip", rng, full):
             data = sample_damage.apply(pristine, d)
@@ -109,6 +122,42 @@ def _reads(monkeypatch) -> list[tuple[str, int]]:
 
         monkeypatch.setattr(os, name, spy)
     return calls
+
+
+def test_a_shape_is_compiled_once_it_is_common(samples, monkeypatch):
+    """Until COMPILE_AFTER files of one entry count and directory size are seen, read_layout checks
+    them (a compilation costs about a millisecond); from then on the shape's check takes them,
+    and every file of that shape after it, with the same answer as read_layout's."""
+    monkeypatch.setattr(torchfast, "_SHAPES", {})
+    monkeypatch.setattr(torchfast, "_SEEN", {})
+    path, data = samples[0]
+    answers = [check_whole_buffer(data) for _ in range(torchfast.COMPILE_AFTER + 3)]
+    assert answers[:torchfast.COMPILE_AFTER - 1] == [None] * (torchfast.COMPILE_AFTER - 1)
+    assert answers[torchfast.COMPILE_AFTER - 1:] == [slow(data)[1]] * 4
+    assert sum(map(len, torchfast._SHAPES.values())) == 1
+    # another sample of the same shape but for its sizes and CRCs: taken at once
+    same = [d for p, d in samples[1:] if torchfast._SHAPES.get(_key(d))]
+    assert same  # (data_5.ckpt: data_0.ckpt's shape, without CRCs)
+    for d in same:
+        assert check_whole_buffer(d) == slow(d)[1]
+
+
+def test_the_compiled_shapes_are_bounded(samples, monkeypatch, at_once):
+    """Files of ever new shapes (torch.save's own, under names of 1 to 12 characters: the archive's
+    folder is the file's name) never keep more than MAX_SHAPES compiled checks; each answers as
+    read_layout does."""
+    monkeypatch.setattr(torchfast, "MAX_SHAPES", 4)
+    named = [d for p, d in samples if os.path.basename(p).startswith("n")]
+    assert len({_key(d) for d in named}) == len(named) == 12
+    for data in named:
+        assert check_whole_buffer(data) == slow(data)[1] is not None
+        assert sum(map(len, torchfast._SHAPES.values())) <= 4
+
+
+def _key(data: bytes) -> tuple[int, int]:
+    """(entry count, directory size) from a torch.save file's ZIP64 end record."""
+    z64 = len(data) - 98
+    return int.from_bytes(data[z64 + 32:z64 + 40], "little"), int.from_bytes(data[z64 + 40:z64 + 48], "little")
 
 
 @pytest.mark.parametrize("depth", [STRUCTURE, CONTENT])

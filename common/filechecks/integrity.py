@@ -64,6 +64,7 @@ MIN_FLOAT_OVERLAP = 1024
 MIN_ZERO_RUN = 64  # a zeroed last page shorter than this (32 bf16 values) is not told from data
 ZERO_RUN = bytes(MIN_ZERO_RUN)
 _DAMAGE = (ZipDamage, PickleDamage, SafetensorsDamage, GzipDamage)
+_NOT_ZIP = (".gz", ".safetensors")  # (kind_of: every other name is a torch.save ZIP)
 
 
 def kind_of(name: str) -> str:
@@ -232,6 +233,19 @@ def check_path(path: str, depth: str = STRUCTURE, dir_fd: int | None = None) -> 
         if not S_ISREG(st.st_mode):
             return Verdict(UNREADABLE, "unreadable: not a regular file", depth, st)
         try:
+            size = st.st_size
+            if depth == STRUCTURE and 0 < size <= WHOLE_READ and not path.endswith(_NOT_ZIP):
+                # A small torch.save file (nearly every file of a first check): read in one call,
+                # torch.save's own layout checked in few operations (torchfast.py); anything
+                # else, damaged or unusual, is read_layout's to decide and explain.
+                whole = os.pread(fd, size, 0)
+                if len(whole) == size:
+                    result = check_whole_buffer(whole)
+                    if result is not None:
+                        return _new(Verdict, (WHOLE, "", depth, st, result[1], False, result[0]))
+                elif whole:  # (a short read: on to the end, as read_whole reads)
+                    whole += _pread(fd, len(whole), size - len(whole))
+                return _check(fd, st, "zip", depth, whole)
             return _check(fd, st, kind_of(path), depth)
         except _DAMAGE as exc:
             return Verdict(DAMAGED, str(exc), depth, st)
@@ -250,21 +264,15 @@ def _oserror(exc: OSError) -> str:
     return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
 
 
-def _check(fd: int, st: os.stat_result, kind: str, depth: str) -> Verdict:
+def _check(fd: int, st: os.stat_result, kind: str, depth: str, whole: bytes | None = None) -> Verdict:
+    """`whole`: the file's bytes, already read (check_path's fast path)."""
     size = st.st_size
     if size == 0:
         return Verdict(DAMAGED, "empty file (0 bytes)", depth, st)
     content = depth == CONTENT
     if kind == "zip":
-        whole = None
-        if size <= WHOLE_READ or (content and size <= READ_CHUNK):
+        if whole is None and (size <= WHOLE_READ or (content and size <= READ_CHUNK)):
             whole = read_whole(fd, size)
-            if not content and len(whole) == size:
-                # torch.save's own layout, checked in few operations (torchfast.py); anything
-                # else, damaged or unusual, is read_layout's to decide and explain
-                result = check_whole_buffer(whole)
-                if result is not None:
-                    return _new(Verdict, (WHOLE, "", depth, st, result.no_crc, False, result.trailing))
         result, _ = check_torch_zip(FileSource(fd, size, whole), content)
         return _new(Verdict, (WHOLE, "", depth, st, result.no_crc, False, result.trailing))  # (hot path)
     if kind == "safetensors":

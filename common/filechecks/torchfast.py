@@ -5,10 +5,20 @@ A first check of an extraction is tens of thousands of files of 10-16 ZIP entrie
 (PyTorchStreamWriter through miniz: caffe2/serialize/inline_container.cc) are all alike: every
 entry stored, the same flags on every entry, names in one folder, ASCII, no extra field in the
 central directory, no external attributes, each local header's name as the central directory's,
-the data 64-byte aligned (torch 2.x) and a data descriptor right after it. Here such a file is
-checked with the whole central directory unpacked at once (one struct per directory shape,
-kept: the files of one extraction have a handful of shapes), the names checked together, and
-one short loop over the local headers.
+the data 64-byte aligned (torch 2.x), a data descriptor right after it and the next local
+header right after that, the central directory after the last descriptor, a ZIP64 end record,
+its locator and the end record last. The files of one extraction differ in their folder (the
+file's name), their sizes, CRCs and offsets; what else their central directory holds (how many
+entries, the lengths of the names, the names without the folder) takes a handful of values, its
+*shape*.
+
+So a shape seen often (COMPILE_AFTER files) gets a check of its own, written for it as Python
+source (_source) and compiled once, as collections.namedtuple and dataclasses write theirs: its
+central directory unpacked into local variables by one struct, compared with the shape's
+constants (the records' lengths, the names, the flags) in a few tuple comparisons, and one
+straight run of a few operations for each local header and data descriptor. Before that, and
+for any file of another shape, this returns None: read_layout checks it (a shape seen only a few
+times is not worth a compilation, about a millisecond).
 
 This is a fast path only: it answers "whole" for a file only where every condition read_layout
 checks holds (it checks each of them, most of them more strictly), and None for anything else,
@@ -20,6 +30,7 @@ damage the differential suite makes, on torch 2.13's and torch 1.13's own files)
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from .torchzip import (
     CENTRAL,
@@ -34,24 +45,28 @@ from .torchzip import (
     REFUSED_FLAGS,
     ZIP64_EOCD,
     ZIP64_EOCD_SIG,
-    ZIP64_LOCATOR,
     ZIP64_LOCATOR_SIG,
     ZipResult,
     _stoull,
 )
 
-# One central directory record, the fields the check needs: the first 12 bytes (signature,
-# versions, flags, method: alike in every record torch.save writes), CRC, sizes, the next 14
-# bytes (name, extra and comment lengths, disk, attributes: compared with the shape's, where all
-# but the name's length are 0 as torch.save writes them), the local header's offset, the name.
-_RECORD = "12s4xIII14sI{}s"
-_FIELDS = 7
-_LOCAL = struct.Struct("<4s22xI")  # signature; name and extra lengths as one number
-_DESCRIPTOR = struct.Struct("<4sI")  # signature, CRC-32 (miniz: after the data of an entry with flag 8)
-_SHAPES: dict[tuple[int, int], list[tuple[struct.Struct, tuple[bytes, ...], tuple[int, ...]]]] = {}
-MAX_SHAPES = 64  # directory shapes kept (an extraction has a few: the digits of its indices)
-_NAMES: dict[bytes, dict[bytes, int]] = {}  # see _names
-_LEADS: dict[bytes, int] = {}  # a record's first 12 bytes -> its flags, or -1 where read_layout must decide
+COMPILE_AFTER = 32  # files of one (entry count, directory size) before a shape is compiled
+MAX_SHAPES = 64  # compiled shapes kept (an extraction has a few: the digits of its indices)
+DESCRIPTOR_SIZE = 16  # miniz's data descriptor without ZIP64: signature, CRC-32, the two sizes
+_LOCAL = struct.Struct("<I22xHH")  # a local header's signature, its name and extra lengths
+# An entry's data descriptor (signature, CRC-32; its sizes skipped) and the local header right
+# after it (signature, name and extra lengths).
+_LINK = struct.Struct("<II8xI22xHH")
+_LOCAL_SIG, _DESCRIPTOR_SIG = int.from_bytes(LOCAL_SIG, "little"), int.from_bytes(DESCRIPTOR_SIG, "little")
+# torch.save's ending: the ZIP64 end record (its size, disks, counts, the directory's size and
+# offset), the ZIP64 locator (the record's offset, disks), the end record (its comment's length).
+_END = struct.Struct("<4xQ4xIIQQQQ" "8xQI" "20xH")
+_new = tuple.__new__  # a NamedTuple made without its Python-level __new__ (once a file)
+OTHER = object()  # a shape's answer for a directory of another shape
+# (entry count, directory size) -> the compiled checks of its shapes
+_SHAPES: dict[tuple[int, int], list[Callable]] = {}
+_SEEN: dict[tuple[int, int], int] = {}  # files of that key no compiled shape took
+_VERSIONS: dict[bytes, bool] = {}  # a `version` record's bytes -> whether torch.load takes it
 
 
 def check_whole_buffer(buf: bytes) -> ZipResult | None:
@@ -62,152 +77,178 @@ def check_whole_buffer(buf: bytes) -> ZipResult | None:
     # (the first local header's flags: torch.save's entries all have a data descriptor)
     if size < 98 or not buf.startswith(LOCAL_SIG) or not buf[6] & 0x8:
         return None
-    # The end record where miniz's first window finds it (torchzip._first_window).
-    eocd = buf.rfind(EOCD_SIG, max(0, size - PAGE), size - EOCD.size + 4)
-    if eocd < 0:
+    # The end record where miniz's first window finds it (torchzip._first_window): the last
+    # signature with the record's 22 bytes after it, so at size - 22 when there is one there.
+    eocd = size - 22 if buf.startswith(EOCD_SIG, size - 22) else buf.rfind(EOCD_SIG, max(0, size - PAGE), size - 18)
+    # torch.save's ending, read at once (read_directory's ZIP64 rules; a locator pointing
+    # elsewhere, or none, is read_layout's to follow)
+    if eocd < 76 or not buf.startswith(ZIP64_LOCATOR_SIG, eocd - 20) \
+            or not buf.startswith(ZIP64_EOCD_SIG, eocd - 76):
         return None
-    _, disk, cd_disk, n_disk, n_total, cd_size, cd_ofs, comment = EOCD.unpack_from(buf, eocd)
-    if eocd >= ZIP64_LOCATOR.size + ZIP64_EOCD.size:  # (read_directory's ZIP64 rules)
-        sig, _, z64, disks = ZIP64_LOCATOR.unpack_from(buf, eocd - ZIP64_LOCATOR.size)
-        if sig == ZIP64_LOCATOR_SIG:
-            if z64 > size - ZIP64_EOCD.size:
-                return None
-            sig, rec_size, _, _, disk, cd_disk, n_disk, n_total, cd_size, cd_ofs = ZIP64_EOCD.unpack_from(buf, z64)
-            if sig != ZIP64_EOCD_SIG or rec_size < ZIP64_EOCD.size - 12 or disks != 1:
-                return None
-    if disk or cd_disk or n_total != n_disk or not 0 < n_total * CENTRAL.size <= cd_size \
-            or cd_ofs + cd_size > size:
+    rec_size, disk, cd_disk, n_disk, n_total, cd_size, cd_ofs, z64, disks, comment = _END.unpack_from(buf, eocd - 76)
+    if z64 != eocd - 76 or rec_size < ZIP64_EOCD.size - 12 or disks != 1 or disk or cd_disk \
+            or n_total != n_disk or not 0 < n_total * CENTRAL.size <= cd_size or cd_ofs + cd_size > eocd - 76:
         return None
-    directory = _directory(buf, cd_ofs, n_total, cd_size)
-    if directory is None:
+    trailing = max(0, size - eocd - EOCD.size - comment)
+    key = n_total, cd_size
+    for check in _SHAPES.get(key, ()):
+        result = check(buf, cd_ofs, trailing)
+        if result is not OTHER:
+            return result
+    # A directory no compiled shape takes: read_layout checks it, and after COMPILE_AFTER such
+    # files of this entry count and size, this one's shape is compiled (if it is torch.save's).
+    seen = _SEEN.get(key, 0) + 1
+    if seen < COMPILE_AFTER:
+        if len(_SEEN) >= 16 * MAX_SHAPES:
+            _SEEN.clear()
+        _SEEN[key] = seen
         return None
-    v, name_sizes = directory
-    leads, crcs, csizes, usizes, headers, names = (v[0::_FIELDS], v[1::_FIELDS], v[2::_FIELDS], v[3::_FIELDS],
-                                                   v[5::_FIELDS], v[6::_FIELDS])
-    flags = _LEADS.get(leads[0])
-    if flags is None:
-        flags = _lead(leads[0])
-    # Every record alike, as torch.save writes them: stored, no refused flag, a data descriptor
-    # after the data, sizes equal and below ZIP64's (whose extra fields read_layout reads).
-    if flags < 0 or not flags & 0x8 or leads.count(leads[0]) != n_total or csizes != usizes \
-            or max(headers) >= 0xFFFFFFFF or max(csizes) >= 0xFFFFFFFF:
+    check = _compile(buf, cd_ofs, n_total, cd_size)
+    if check is None:  # (not torch.save's: the next file of this key tries again)
         return None
-    # The names: one folder (the first name's), ASCII (so UTF-8), none a directory, none twice
-    # (ASCII case aside). What the names say once the folder is taken off is kept (_names).
-    first = names[0]
-    cut = first.find(b"/") + 1
-    joined = b"\0".join(names)
-    rest = joined.replace(b"\0" + first[:cut], b"\0")[cut:]
-    at = _NAMES.get(rest)
-    if at is None:
-        at = _names(rest, n_total)
-    # (`rest` has as many NULs as there are separators, and every separator lost the folder: no
-    # name holds a NUL, and each is in the folder; see _names)
-    if not cut or not at or len(at) != n_total or len(rest) != len(joined) - n_total * cut or not first.isascii():
-        return None
-    # Each local header: its signature, its name length as the central directory's, the data
-    # inside the file, 64-byte aligned (torch 2.x: `.storage_alignment`), the data descriptor
-    # right after it; each check is read_layout's for the storages and data.pkl.
-    aligned = b".storage_alignment" in at
-    starts = []
-    unpack_local, unpack_descriptor = _LOCAL.unpack_from, _DESCRIPTOR.unpack_from
-    try:
-        for header, n_name, csize, crc in zip(headers, name_sizes, csizes, crcs, strict=True):
-            sig, lengths = unpack_local(buf, header)
-            start = header + n_name + (lengths >> 16)
-            if sig != LOCAL_SIG or lengths & 0xFFFF != n_name - 30 or start + csize > size \
-                    or (aligned and start & 63) \
-                    or unpack_descriptor(buf, start + csize) != (DESCRIPTOR_SIG, crc):
-                return None
-            starts.append(start)
-    except struct.error:  # a header or descriptor past the end
-        return None
-    # The records torch.load reads at open (read_layout's rules).
-    i = at.get(b".data/version", at.get(b"version"))
-    pkl = at.get(b"data.pkl")
-    if i is None or pkl is None or usizes[pkl] > MAX_PICKLE:
-        return None
-    raw = buf[starts[i]:starts[i] + min(usizes[i], 64)]
-    value = int(raw) if raw[:1].isdigit() and raw.strip().isdigit() else _stoull(raw)
-    if value is None or not 1 <= value <= MAX_VERSION:
-        return None
-    i = at.get(b"byteorder")
-    if i is not None and buf[starts[i]:starts[i] + min(usizes[i], 16)] not in (b"little", b"big"):
-        return None
-    i = at.get(b".data/serialization_id")
-    if i is not None and not buf[starts[i]:starts[i] + min(usizes[i], 256)].isascii():
-        return None  # (text that is not ASCII: read_layout decodes it)
-    if aligned:
-        i = at[b".storage_alignment"]
-        try:
-            int(buf[starts[i]:starts[i] + min(usizes[i], 32)])
-        except ValueError:
-            return None
-    no_crc = any(usizes) and not any(crc for crc, usize in zip(crcs, usizes, strict=True) if usize)
-    return ZipResult(max(0, size - eocd - EOCD.size - comment), no_crc, False)
+    _SEEN.pop(key, None)
+    if sum(map(len, _SHAPES.values())) >= MAX_SHAPES:
+        _SHAPES.clear()
+    _SHAPES.setdefault(key, []).append(check)
+    result = check(buf, cd_ofs, trailing)
+    return None if result is OTHER else result
 
 
-def _names(rest: bytes, n_total: int) -> dict[bytes, int] | None:
-    """The names of an archive's entries, its folder taken off and NUL-separated: each one's index
-    by its lower-case name (torch.load's lookup) when there are n_total of them, ASCII, none empty,
-    none a directory (ending in /), none twice; else None. Kept: the files of an extraction have
-    the same names but for their folder."""
-    parts = rest.split(b"\0")
-    at = dict(zip(rest.lower().split(b"\0"), range(n_total), strict=False))  # (lengths: below)
-    if len(parts) != n_total or len(at) != n_total or not rest.isascii() or not all(parts) \
-            or any(p.endswith(b"/") for p in parts):
-        return None
-    if len(_NAMES) >= MAX_SHAPES:
-        _NAMES.clear()
-    _NAMES[rest] = at
-    return at
-
-
-def _lead(lead: bytes) -> int:
-    """A record's first 12 bytes: its flags when it is a central directory record of a stored
-    entry without a flag miniz refuses, else -1; kept."""
-    sig, _, _, flags, method = struct.unpack("<4sHHHH", lead)
-    ok = sig == CENTRAL_SIG and method == 0 and not flags & REFUSED_FLAGS
-    if len(_LEADS) < 256:
-        _LEADS[lead] = flags if ok else -1
-    return flags if ok else -1
-
-
-def _directory(buf: bytes, cd_ofs: int, n_total: int, cd_size: int) -> tuple[tuple, tuple[int, ...]] | None:
-    """The central directory unpacked whole (_FIELDS values a record) and each record's 30 + name
-    length; None when it is not one torch.save writes."""
-    for layout, tails, name_sizes in _SHAPES.get((n_total, cd_size), ()):
-        v = layout.unpack_from(buf, cd_ofs)
-        if v[4::_FIELDS] == tails:
-            return v, name_sizes
-    shape = _shape(buf, cd_ofs, n_total, cd_size)  # a shape not seen yet
-    if shape is None:
-        return None
-    return shape[0].unpack_from(buf, cd_ofs), shape[2]
-
-
-def _shape(buf: bytes, cd_ofs: int, n_total: int, cd_size: int) -> tuple | None:
-    """The struct that unpacks this central directory whole, its records' length fields (what
-    makes two directories the same shape) and each record's 30 + name length; kept by entry
-    count and size. None when the directory is not one torch.save writes (read_layout decides)."""
-    fmt = ["<"]
-    lens = []
-    name_sizes = []
+def _compile(buf: bytes, cd_ofs: int, n_total: int, cd_size: int) -> Callable | None:
+    """The compiled check of this central directory's shape (see the module docstring), or None
+    when the directory is not one torch.save writes (read_layout decides)."""
     pos, end = cd_ofs, cd_ofs + cd_size
+    lead = buf[pos:pos + 12]
+    if not buf.startswith(CENTRAL_SIG, pos):
+        return None
+    _, _, _, flags, method = struct.unpack("<4sHHHH", lead)
+    if method != 0 or flags & REFUSED_FLAGS or not flags & 0x8:  # stored, a data descriptor after the data
+        return None
+    n_first = int.from_bytes(buf[pos + 28:pos + 30], "little")
+    cut = buf[pos + CENTRAL.size:pos + CENTRAL.size + n_first].find(b"/") + 1  # the folder's length
+    if not cut:
+        return None
+    tails, n_names, names = [], [], []
     for _ in range(n_total):
-        if end - pos < CENTRAL.size or not buf.startswith(CENTRAL_SIG, pos):
+        if end - pos < CENTRAL.size or not buf.startswith(lead, pos):
             return None
         n_name, n_extra, n_comment, disk, attrs, ext_attrs = struct.unpack_from("<HHHHHI", buf, pos + 28)
-        if n_extra or n_comment or disk or attrs or ext_attrs:
+        if n_extra or n_comment or disk or attrs or ext_attrs or n_name <= cut:
             return None
-        fmt.append(_RECORD.format(n_name))
-        lens.append(buf[pos + 28:pos + 42])
-        name_sizes.append(30 + n_name)
+        tails.append(buf[pos + 28:pos + 42])
+        n_names.append(n_name)
+        names.append(buf[pos + CENTRAL.size + cut:pos + CENTRAL.size + n_name])
         pos += CENTRAL.size + n_name
     if pos != end:
         return None
-    shape = (struct.Struct("".join(fmt)), tuple(lens), tuple(name_sizes))
-    if sum(map(len, _SHAPES.values())) >= MAX_SHAPES:
-        _SHAPES.clear()
-    _SHAPES.setdefault((n_total, cd_size), []).append(shape)
-    return shape
+    # The names without their folder: ASCII, none empty, none a directory (ending in /), none
+    # holding a NUL, none twice by its lower-case name (torch.load's lookup); the records
+    # torch.load reads at open among them.
+    at = {name.lower(): i for i, name in enumerate(names)}
+    if len(at) != n_total or any(not p.isascii() or p.endswith(b"/") or b"\0" in p for p in names):
+        return None
+    records = {"version": at.get(b".data/version", at.get(b"version")), "pkl": at.get(b"data.pkl"),
+               "byteorder": at.get(b"byteorder"), "serial": at.get(b".data/serialization_id"),
+               "alignment": at.get(b".storage_alignment")}
+    if records["version"] is None or records["pkl"] is None:
+        return None
+    # The struct: the first record's first 12 bytes (signature, versions, flags, method); for
+    # each record its CRC and sizes, its 14 bytes of lengths, disk and attributes, its local
+    # header's offset, its folder, and its name's rest with the next record's first 12 bytes.
+    fmt = "<12s" + "".join(f"4xIII14sI{cut}s{n - cut + (12 if k + 1 < n_total else 0)}s"
+                            for k, n in enumerate(n_names))
+    rests = tuple(name + (lead if k + 1 < n_total else b"") for k, name in enumerate(names))
+    namespace = {"unpack": struct.Struct(fmt).unpack_from, "LEAD": lead, "TAILS": tuple(tails), "RESTS": rests,
+                 "local": _LOCAL.unpack_from, "link": _LINK.unpack_from, "error": struct.error, "OTHER": OTHER,
+                 "versions": _VERSIONS, "version_ok": _version_ok, "no_crc_of": _no_crc, "new": _new,
+                 "ZipResult": ZipResult}
+    exec(_source(n_total, cut, n_names, records), namespace)  # noqa: S102  (our own text: numbers and names only)
+    return namespace["check"]
+
+
+def _source(n: int, cut: int, n_names: list[int], records: dict[str, int | None]) -> str:
+    """The text of a shape's check: `check(buf, cd_ofs, trailing)` -> ZipResult, None, or OTHER
+    (not this shape). Only numbers of the shape and names of ours go into it."""
+    def each(fmt: str, sep: str = ", ") -> str:
+        return sep.join(fmt.format(k=k) for k in range(n))
+
+    version, pkl, byteorder, serial, alignment = (records[k] for k in ("version", "pkl", "byteorder", "serial",
+                                                                       "alignment"))
+    kept = {r for r in (version, byteorder, serial, alignment) if r is not None}
+    fields = ", ".join(f"c{k}, s{k}, u{k}, t{k}, h{k}, f{k}, r{k}" for k in range(n))
+    out = [
+        "def check(buf, cd_ofs, trailing):",
+        f"    lead, {fields}, = unpack(buf, cd_ofs)",
+        # the shape: the records' lengths, the names, the flags; the folder the first name's
+        f"    if ({each('r{k}')},) != RESTS or ({each('t{k}')},) != TAILS or lead != LEAD"
+        f" or f0.find(b'/') != {cut - 1}:",
+        "        return OTHER",
+        # every name in the folder (ASCII, so UTF-8; no NUL), sizes equal, the first header at 0
+        f"    if h0 or not {each('f{k}', ' == ')} or not f0.isascii() or b'\\0' in f0"
+        f" or ({each('s{k}')},) != ({each('u{k}')},):",
+        "        return None",
+        "    sig, n_name, n_extra = local(buf, 0)",
+        "    try:",
+    ]
+    # Each entry: its local header (signature, the name's length as the directory's), its data
+    # after it (64-byte aligned where `.storage_alignment` says torch 2.x wrote it), the
+    # descriptor right after the data with the entry's CRC, the next header (or the directory)
+    # right after the descriptor. (Offsets and sizes are then inside the file: no ZIP64 field.)
+    for k in range(n):
+        following = f"h{k + 1}" if k + 1 < n else "cd_ofs"
+        aligned = " or a & 63" if alignment is not None else ""
+        out += [
+            f"        a = h{k} + {30 + n_names[k]} + n_extra",
+            f"        if sig != {_LOCAL_SIG} or n_name != {n_names[k]}{aligned}"
+            f" or a + s{k} + {DESCRIPTOR_SIZE} != {following}:",
+            "            return None",
+            f"        d, crc, sig, n_name, n_extra = link(buf, a + s{k})",
+            f"        if d != {_DESCRIPTOR_SIG} or crc != c{k}:",
+            "            return None",
+        ]
+        if k in kept:
+            out.append(f"        a{k} = a")
+    out += [
+        "    except error:  # a header past the end",
+        "        return None",
+        # the records torch.load reads at open (read_layout's rules)
+        f"    if s{pkl} > {MAX_PICKLE}:",
+        "        return None",
+        f"    raw = buf[a{version}:a{version} + min(s{version}, 64)]",
+        "    ok = versions.get(raw)",
+        "    if not (version_ok(raw) if ok is None else ok):",
+        "        return None",
+    ]
+    if byteorder is not None:
+        out += [f"    if buf[a{byteorder}:a{byteorder} + min(s{byteorder}, 16)] not in (b'little', b'big'):",
+                "        return None"]
+    if serial is not None:  # (text that is not ASCII: read_layout decodes it)
+        out += [f"    if not buf[a{serial}:a{serial} + min(s{serial}, 256)].isascii():",
+                "        return None"]
+    if alignment is not None:  # (the usual b"64", ASCII digits: no exception to raise and catch)
+        out += [f"    raw = buf[a{alignment}:a{alignment} + min(s{alignment}, 32)]",
+                "    if not raw.isdigit():",
+                "        try:",
+                "            int(raw)",
+                "        except ValueError:",
+                "            return None"]
+    out += [
+        f"    crcs = ({each('c{k}')},)",
+        f"    return new(ZipResult, (trailing, 0 in crcs and no_crc_of(crcs, ({each('s{k}')},)), False))",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def _no_crc(crcs: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
+    """Written without CRCs: some entry has data, and none with data has a CRC."""
+    return any(sizes) and not any(crc for crc, n in zip(crcs, sizes, strict=True) if n)
+
+
+def _version_ok(raw: bytes) -> bool:
+    """Whether torch.load takes this `version` record (read_layout's rule: 1..MAX_VERSION as
+    std::stoull reads it); kept."""
+    value = int(raw) if raw[:1].isdigit() and raw.strip().isdigit() else _stoull(raw)
+    ok = value is not None and 1 <= value <= MAX_VERSION
+    if len(_VERSIONS) < 64:
+        _VERSIONS[raw] = ok
+    return ok

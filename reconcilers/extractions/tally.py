@@ -93,7 +93,7 @@ class Check:
         newest modification time known so far (of the files checked before): a file within
         RECENT_WINDOW of neither it nor this run's newest cannot be recent, and is added up."""
         lo, hi = span
-        reread, depth, check = self.reread, self.depth, self._check
+        reread, depth, check, check_path = self.reread, self.depth, self._check, self.check_path
         old_before = None if since is None else since - RECENT_WINDOW
         dirs: dict[str, int | None] = {}
         pending: list[tuple[int, list[tuple[int, str, Verdict]], float | None]] = []
@@ -109,7 +109,9 @@ class Check:
                 mine = []
                 top = None
                 for k, rel in enumerate(rels):
-                    v = check(rel, d, dirs)
+                    head, _, name = rel.rpartition("/")
+                    fd = dirs.get(head, -1)  # (inline: _check, as every file of a first check takes it)
+                    v = check_path(name, d, dir_fd=fd) if fd is not None and fd >= 0 else check(rel, d, dirs)
                     if v.state == GONE:  # vanished between the listing and the check
                         continue
                     mine.append((k, rel, v))
