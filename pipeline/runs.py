@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.refusals import Refusal
 
 if TYPE_CHECKING:
+    from pathlib import Path  # annotations only: pathlib (urllib.parse, ipaddress) is ~3 ms of a start-up
+
     from ..core.host import Host
     from .engine import Prefetch
     from .report import ResourceReport, RunReport

@@ -60,18 +60,26 @@ def build_resources(doc: dict[str, Any],
     """Every declared resource, kind by kind in registry order; `on_kind(reconciler, resources)`
     is called as each kind is built (engine.Prefetch starts observing it there)."""
     resources: list[Resource] = []
-    declared = {KINDS[key].prefix: reconciler_for(key) for key in KINDS
+    declared = {KINDS[key].prefix: key for key in KINDS
                 if key in doc and doc[key] is not None and not KINDS[key].singleton}
+    made: dict[str, Reconciler] = {}
+
+    def reconciler(key: str) -> Reconciler:
+        # Made when first needed: a kind built later is imported after the kinds before it have
+        # started observing (engine.Prefetch forks the GPU observer before the mounts are imported).
+        if key not in made:
+            made[key] = reconciler_for(key)
+        return made[key]
 
     def canonical(need: str) -> str:
         # `needs: [mount:/tmp/]` names the resource declared `/tmp` (Reconciler.canonical_name).
         prefix, colon, name = need.partition(":")
-        rec = declared.get(prefix) if colon else None
-        return f"{prefix}:{rec.canonical_name(name)}" if rec is not None else need
+        key = declared.get(prefix) if colon else None
+        return f"{prefix}:{reconciler(key).canonical_name(name)}" if key is not None else need
 
     for key in KINDS:
         if key in doc and doc[key] is not None:
-            rec = declared.get(KINDS[key].prefix) or reconciler_for(key)
+            rec = reconciler(key)
             built = rec.resources(doc[key])
             built = [r if all(canonical(n) == n for n in r.needs)
                      else replace(r, needs=tuple(canonical(n) for n in r.needs)) for r in built]

@@ -30,7 +30,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ...common import systemd
 from ...core.contract import (
     Action,
     ApplyError,
@@ -43,48 +42,21 @@ from ...core.contract import (
     Resource,
     run_action,
 )
-from ...core.host import CommandTimeout
 from ...core.values import never_answers, parse_duration, parse_size
-from ..containers.refs import containers_of
 from . import health, pcibus
 from .checks import check_blocked, check_drift, parse_checks
-from .gate import FIELD as GATE_FIELD
-from .gate import gate_drift_have, gate_lines, gate_plan, parse_validate, read_result, run_gate
-from .kernel_log import read_kernel_log
 from .memory import UNKNOWN, counted_used, memory_lines, memory_plan, mib
-from .nvml import INIT_HINTS, NvmlUnavailable, nvml_observe
 from .observed import Gpu, GpusObserved, GpuUse, Holder, RecoveryHost, SettingsHost
-from .procfs import (
-    DEFAULT_DEV_GLOB,
-    DEFAULT_PROC_GPUS,
-    DEV_GLOB_ENV,
-    DEV_GPU_RE,
-    PROC_GPUS_ENV,
-    excluded,
-    gpu_minors,
-    proc_info,
-    scan_device_holders,
-)
-from .recovery import History, nvswitches, parse_recover, recover_problems, recovery_plan
-from .recovery import boot_id as recovery_boot_id
-from .recovery import reboot as reboot_node
-from .recovery import reset as reset_gpu
-from .setters import Setters, boot_id, locked_of, read_locked, unit_action
-from .settings import PERSISTENCED, declared, freed_pids, parse_settings, settings_drift, settings_plan
-from .settings import settings_problems as _settings_problems
-from .smi import (
-    SMI_APP_FIELDS,
-    SMI_REQUIRED,
-    invalid_field,
-    parse_cuda_version,
-    parse_nvlink_status,
-    parse_smi_apps,
-    parse_smi_gpus,
-    query_fields,
-)
 
+# What only some runs need is imported where it is used (issue 31 §4): the observation's readers
+# (kernel_log, nvml, procfs, smi, the containers' cgroups) in the forked observer child; recovery,
+# the validation gate and the settings only when the state declares `recover`, `validate` or
+# `settings`; the setters when an apply sets. A `diff` of `count` and `max_memory_used` imports
+# none of them in the parent (tests/test_startup_imports.py).
 if TYPE_CHECKING:
     from ...core.host import Host
+    from .recovery import History
+    from .setters import Setters
 
 DEFAULT_SETTLE = 30.0
 # NVML calls can block for minutes on a wedged driver or a GPU fallen off the bus; the GPUs
@@ -93,11 +65,33 @@ DEFAULT_OBSERVE_TIMEOUT = "60s"
 DEFAULT_GRACE = 10.0
 KILL_WAIT = 5.0  # after SIGKILL: a process stuck in D-state may take a moment; longer means trouble
 STOP_TIMEOUT = 120.0
-SMI_TIMEOUT = 30.0
+PERSISTENCED_TIMEOUT = 30.0  # systemctl show of nvidia-persistenced.service
 HISTORY_MIN = 86400.0  # the journal is read back at least this far for recoveries and acks
-# nvidia-smi's words when NVML cannot start -> the NVML error code whose hint applies.
-SMI_INIT_FAILURES = {"version mismatch": 18, "insufficient permissions": 4,
-                     "couldn't communicate with the nvidia driver": 9, "driver not loaded": 9}
+
+
+
+def nvml_observe(settings: frozenset[str]) -> Any:
+    """nvml.nvml_observe, imported in the observer child (pynvml with it); a name of this module so
+    that a test of the nvidia-smi fallback can stand another in (tests/hardware/observe.py)."""
+    from .nvml import nvml_observe as observe
+
+    return observe(settings)
+
+
+def _declared(settings: Mapping[str, Any] | None) -> frozenset[str]:
+    if not settings:
+        return frozenset()
+    from .settings import declared
+
+    return declared(settings)
+
+
+def _settings_drift(spec: Mapping[str, Any], observed: GpusObserved) -> list[Drift]:
+    if not spec.get("settings"):
+        return []
+    from .settings import settings_drift
+
+    return settings_drift(spec["settings"], observed, bool(spec.get("healthy")))
 
 
 class _Background:
@@ -139,7 +133,16 @@ class GpusReconciler(Reconciler):
                       "gpu*.locked_clocks")
 
     def __init__(self) -> None:
-        self._setters = Setters()  # one per run: a GPU lost during this apply is not tried again
+        self._setters_of_run: Setters | None = None
+
+    @property
+    def _setters(self) -> Setters:
+        """One per run: a GPU lost during this apply is not tried again."""
+        if self._setters_of_run is None:
+            from .setters import Setters
+
+            self._setters_of_run = Setters()
+        return self._setters_of_run
 
     def metrics(self, resource: Mapping[str, Any], report: Mapping[str, Any]) -> list[Metric]:
         from .metrics import gpu_metrics
@@ -161,17 +164,37 @@ class GpusReconciler(Reconciler):
             },
             "observe_timeout": parse_duration(section.get("observe_timeout", DEFAULT_OBSERVE_TIMEOUT)),
             "checks": parse_checks(section.get("checks")),
-            "settings": parse_settings(section.get("settings")),
-            "recover": parse_recover(section.get("recover")),
-            "validate": parse_validate(section.get("validate")),
+            "settings": None,
+            "recover": None,
+            "validate": None,
         }
+        if section.get("settings"):
+            from .settings import parse_settings
+
+            spec["settings"] = parse_settings(section["settings"])
+        if section.get("recover"):
+            from .recovery import parse_recover
+
+            spec["recover"] = parse_recover(section["recover"])
+        if section.get("validate"):
+            from .gate import parse_validate
+
+            spec["validate"] = parse_validate(section["validate"])
         settle = parse_duration(section.get("settle", DEFAULT_SETTLE))
         return [Resource(id="gpus", kind=self.kind, name="gpus", spec=spec,
                          needs=tuple(section.get("needs", ())), settle=settle)]
 
     def problems(self, section: Mapping[str, Any]) -> list[tuple[tuple, str]]:
-        return (never_answers([((), section)], "observe_timeout") + _settings_problems(section)
-                + recover_problems(section))
+        found = never_answers([((), section)], "observe_timeout")
+        if isinstance(section.get("settings"), Mapping):
+            from .settings import settings_problems
+
+            found += settings_problems(section)
+        if isinstance(section.get("recover"), Mapping):
+            from .recovery import recover_problems
+
+            found += recover_problems(section)
+        return found
 
     # --- observe ---
 
@@ -182,14 +205,22 @@ class GpusReconciler(Reconciler):
         if not resources:
             return {}
         spec = resources[0].spec
-        obs = self._observe(host, spec.get("checks") or {}, declared(spec.get("settings")))
+        obs = self._observe(host, spec.get("checks") or {}, _declared(spec.get("settings")))
         if spec.get("recover") or spec.get("validate"):
+            from .gate import read_result
+            from .recovery import boot_id as recovery_boot_id
+            from .recovery import nvswitches
+
             boot = recovery_boot_id()
             unit = _persistenced(host)[0] if (spec.get("recover") or {}).get("reset") else None
             obs = replace(obs, recovery=RecoveryHost(boot, nvswitches(), read_result(boot), unit))
         return {r.id: obs for r in resources}
 
     def _observe(self, host: Host, checks: Mapping[str, Any], settings: frozenset[str] = frozenset()) -> GpusObserved:
+        from .kernel_log import read_kernel_log
+        from .nvml import NvmlUnavailable
+        from .procfs import DEFAULT_PROC_GPUS, PROC_GPUS_ENV, gpu_minors
+
         notes: list[str] = []
         # The kernel log is read (/dev/kmsg or the journal, only what is new since the last read)
         # while the driver is: neither needs the other; the log is judged against the GPUs after.
@@ -201,7 +232,9 @@ class GpusReconciler(Reconciler):
                 notes.extend(reading.notes)
             except NvmlUnavailable as nvml_error:
                 source = "nvidia-smi"
-                driver, cuda, gpus, uses = self._smi_observe(host, nvml_error, checks, settings)
+                from .smi import smi_observe
+
+                driver, cuda, gpus, uses = smi_observe(host, nvml_error, checks, settings)
                 notes.append(f"NVML unavailable ({nvml_error}): read through nvidia-smi")
             holders = self._holders(host, uses, gpus)
         except BaseException:
@@ -233,6 +266,8 @@ class GpusReconciler(Reconciler):
                        ) -> tuple[SettingsHost, list[Gpu]]:
         """nvidia-persistenced.service (when persistence is declared), this boot, and the locked clocks
         reconcile recorded setting since the driver loaded (NVML cannot read them back)."""
+        from .setters import boot_id, locked_of, read_locked
+
         unit, note = None, ""
         if "persistence_mode" in settings:
             unit, note = _persistenced(host)
@@ -248,60 +283,10 @@ class GpusReconciler(Reconciler):
             gpus = out
         return SettingsHost(unit, note, boot, driver_load), gpus
 
-    def _smi_observe(self, host: Host, nvml_error: NvmlUnavailable, checks: Mapping[str, Any],
-                     settings: frozenset[str] = frozenset()
-                     ) -> tuple[str, str | None, list[Gpu], dict[int, list[GpuUse]]]:
-        def smi(*args: str):
-            try:
-                return host.run(["nvidia-smi", *args], timeout=SMI_TIMEOUT)
-            except CommandTimeout as exc:
-                raise ObserveError(str(exc)) from None
-
-        def failed(res) -> ObserveError:
-            said = (res.stdout + res.stderr).lower()
-            code = next((c for words, c in SMI_INIT_FAILURES.items() if words in said), nvml_error.code)
-            hint = INIT_HINTS.get(code or 0, "")
-            return ObserveError(f"cannot read GPUs: NVML is unavailable ({nvml_error}) and {res.brief()}"
-                                + (f": {hint}" if hint else ""))
-
-        refused: list[str] = []
-        while True:
-            res = smi(f"--query-gpu={query_fields(refused, sorted(settings))}", "--format=csv")
-            if res.returncode == 127:
-                raise ObserveError(f"cannot read GPUs: NVML is unavailable ({nvml_error}) and nvidia-smi is not "
-                                   "installed: " + (nvml_error.hint or "no NVIDIA driver on this host?"))
-            bad = invalid_field(res.stdout + res.stderr)
-            if bad is None or bad in refused:
-                break
-            if bad in SMI_REQUIRED:
-                raise ObserveError(f"cannot read GPUs: this nvidia-smi does not know the field {bad!r}")
-            refused.append(bad)  # an older driver: that reading stays unknown
-        said = res.stdout + "".join(f"\n{line}" for line in res.stderr.splitlines() if "device handle" in line)
-        if "No devices were found" in res.stdout + res.stderr:
-            return "?", None, [], {}
-        if not res.ok and "device handle" not in said:
-            raise failed(res)
-        minors = gpu_minors(os.environ.get(PROC_GPUS_ENV) or DEFAULT_PROC_GPUS)
-        gpus, driver = parse_smi_gpus(said, minors, sorted(settings))
-        apps = smi(f"--query-compute-apps={','.join(SMI_APP_FIELDS)}", "--format=csv")
-        if not apps.ok and "device handle" not in apps.stdout + apps.stderr:  # a lost GPU fails the exit code only
-            raise ObserveError(f"cannot list GPU processes: {apps.brief()}")
-        uses = parse_smi_apps(apps.stdout, {g.uuid: g.index for g in gpus})
-        if checks.get("max_nvlink_down") is not None:
-            links = smi("nvlink", "-s")
-            status = parse_nvlink_status(links.stdout) if links.ok else {}
-            gpus = [replace(g, nvlink_links=status[g.index][0], nvlink_down=status[g.index][1])
-                    if g.index in status else g for g in gpus]
-        cuda = None
-        if checks.get("cuda"):
-            ver = smi("--version")
-            cuda = parse_cuda_version(ver.stdout) if ver.ok else None
-            if cuda is None:
-                table = smi()
-                cuda = parse_cuda_version(table.stdout) if table.ok else None
-        return driver or "?", cuda, gpus, uses
-
     def _holders(self, host: Host, uses: Mapping[int, list[GpuUse]], gpus: Sequence[Gpu]) -> list[Holder]:
+        from ..containers.refs import containers_of
+        from .procfs import DEFAULT_DEV_GLOB, DEV_GLOB_ENV, DEV_GPU_RE, excluded, proc_info, scan_device_holders
+
         # /dev/nvidiaN is the driver's minor number N, not NVML's index N (8x RTX 4090 hosts have
         # minors 3,2,1,0,7,6,5,4 by index). A GPU whose minor is unknown maps no device file.
         by_minor = {g.minor: g.index for g in gpus if g.minor is not None}
@@ -356,15 +341,17 @@ class GpusReconciler(Reconciler):
                 if used is None or used > limit:
                     drift.append(Drift(f"gpu{g.index}.memory_used", f"<= {mib(limit)}",
                                        UNKNOWN if used is None else mib(used)))
-        wanted = settings_drift(spec.get("settings"), observed, bool(spec.get("healthy")))
+        wanted = _settings_drift(spec, observed)
         # A setting the state declares is set, not only checked: its drift stands for the check's.
         own = {d.field for d in wanted}
         drift.extend(d for d in check_drift(spec, observed) if d.field not in own)
         drift.extend(wanted)
         if spec.get("validate") and observed.recovery is not None:
+            from .gate import FIELD, gate_drift_have
+
             have = gate_drift_have(spec["validate"], observed.recovery.gate, self._history(spec, observed, None))
             if have:
-                drift.append(Drift(GATE_FIELD, "passed", have))
+                drift.append(Drift(FIELD, "passed", have))
         return drift
 
     def _history(self, spec: Mapping[str, Any], observed: GpusObserved, ctx: Context | None) -> History | None:
@@ -372,6 +359,8 @@ class GpusReconciler(Reconciler):
         ctx = ctx or self.context
         if ctx is None or observed.recovery is None:
             return None
+        from .recovery import History
+
         rec = spec.get("recover") or {}
         now = time.time()
         return History.read(ctx, now - max(float(rec.get("window", 0.0)), HISTORY_MIN), observed.recovery.boot_id, now)
@@ -389,10 +378,14 @@ class GpusReconciler(Reconciler):
             blocked.append(f"expected {spec['count']} GPUs, found {len(observed.gpus)}: a person must check the "
                            "hardware and driver (nvidia-smi -L, the kernel log)")
         history = self._history(spec, observed, ctx) if spec.get("recover") or spec.get("validate") else None
-        recovery = recovery_plan(spec, observed, fields, ctx, history)
-        blocked.extend(recovery.blocked)
+        recovery = None
+        if spec.get("recover"):
+            from .recovery import recovery_plan
+
+            recovery = recovery_plan(spec, observed, fields, ctx, history)
+            blocked.extend(recovery.blocked)
         for g in observed.gpus:
-            if f"gpu{g.index}.healthy" not in fields or g.index in recovery.handled:
+            if f"gpu{g.index}.healthy" not in fields or (recovery is not None and g.index in recovery.handled):
                 continue
             if g.health == "unhealthy":
                 blocked.append(f"{g.label} must not run jobs: {g.step}. Why: {'; '.join(g.problems)}")
@@ -406,28 +399,41 @@ class GpusReconciler(Reconciler):
             f"gpu@{ev.pci}.healthy" for ev in health.unlisted_events(observed.gpus, observed.xids)}))
         actions, notes, mem_blocked = memory_plan(spec, observed, fields, ctx)
         blocked.extend(mem_blocked)
-        own = {d.field for d in settings_drift(spec.get("settings"), observed, bool(spec.get("healthy")))}
+        own = {d.field for d in _settings_drift(spec, observed)}
         checked = {d.field for d in check_drift(spec, observed)} - own
         blocked.extend(check_blocked([d for d in drift if d.field in checked]))
-        settings = settings_plan(resource, observed, fields, ctx, freed_pids(observed.holders, actions, ctx))
-        actions.extend(settings.actions)
-        blocked.extend(settings.blocked)
-        notes.extend(settings.notes)
-        notes.extend(recovery.notes)
-        planned = {(a.action, a.target) for a in actions}
-        actions.extend(a for a in recovery.actions if (a.action, a.target) not in planned)
+        pending: list[str] = []
+        if spec.get("settings"):
+            from .settings import freed_pids, settings_plan
+
+            settings = settings_plan(resource, observed, fields, ctx, freed_pids(observed.holders, actions, ctx))
+            actions.extend(settings.actions)
+            blocked.extend(settings.blocked)
+            notes.extend(settings.notes)
+            pending = settings.pending
+        if recovery is not None:
+            notes.extend(recovery.notes)
+            planned = {(a.action, a.target) for a in actions}
+            actions.extend(a for a in recovery.actions if (a.action, a.target) not in planned)
         actions.sort(key=lambda a: a.ends_run)  # a reboot is the last thing done
-        if spec.get("validate") and observed.recovery is not None and GATE_FIELD in fields:
-            ready = not actions and not any(f.endswith(".healthy") for f in fields)
-            gate_actions, gate_blocked = gate_plan(spec["validate"], observed.recovery.gate, history, ready)
-            actions.extend(gate_actions)
-            blocked.extend(gate_blocked)
+        if spec.get("validate") and observed.recovery is not None:
+            from .gate import FIELD, gate_plan
+
+            if FIELD in fields:
+                ready = not actions and not any(f.endswith(".healthy") for f in fields)
+                gate_actions, gate_blocked = gate_plan(spec["validate"], observed.recovery.gate, history, ready)
+                actions.extend(gate_actions)
+                blocked.extend(gate_blocked)
         # A pending MIG/ECC change is converging only when nothing else is to be done or blocked.
-        converging = "; ".join(settings.pending) if settings.pending and not actions and not blocked else None
-        if settings.pending and not converging:
-            notes.extend(settings.pending)
+        converging = "; ".join(pending) if pending and not actions and not blocked else None
+        if pending and not converging:
+            notes.extend(pending)
         notes.extend(pcibus.bus_notes(observed))  # the PCI bus (issue 33 §4)
-        gate = gate_lines(spec.get("validate"), observed.recovery.gate if observed.recovery else None)
+        gate: Sequence[str] = ()
+        if spec.get("validate") and observed.recovery is not None:
+            from .gate import gate_lines
+
+            gate = gate_lines(spec["validate"], observed.recovery.gate)
         message = "\n".join([*notes, *memory_lines(observed, spec), *gate, *self._xid_lines(observed)]) if drift else ""
         if (blocked or converging) and message:
             message = "\n" + message  # the report joins blocked and message on one line otherwise
@@ -445,18 +451,31 @@ class GpusReconciler(Reconciler):
     # --- apply ---
 
     def apply(self, host: Host, resource: Resource, action: Action) -> str:
+        from .settings import PERSISTENCED
+
         if action.action == "set":
             return self._setters.set(host, action)
         if action.action == "reset":
-            return reset_gpu(host, action.params, self._setters)
+            from .recovery import reset
+
+            return reset(host, action.params, self._setters)
         if action.action == "reboot":
-            return reboot_node(host, action.params)
+            from .recovery import reboot
+
+            return reboot(host, action.params)
         if action.action == "validate":
+            from .gate import run_gate
+            from .recovery import boot_id as recovery_boot_id
+
             return run_gate(host, action.params, recovery_boot_id())
         if action.action in ("start", "enable", "disable", "unmask") or (
                 action.action == "stop" and action.target == PERSISTENCED):
+            from .setters import unit_action
+
             return unit_action(host, action)
         if action.action == "stop":
+            from ...common import systemd
+
             unit = action.params.get("unit") or action.target
             systemd.act(host, "stop", unit, STOP_TIMEOUT)
             return f"stopped {unit}"
@@ -472,6 +491,8 @@ class GpusReconciler(Reconciler):
 
     @staticmethod
     def _terminate(host: Host, params: Mapping[str, Any]) -> str:
+        from .procfs import proc_info
+
         pid = int(params["pid"])
         grace = float(params.get("grace", DEFAULT_GRACE))
 
@@ -530,8 +551,9 @@ class GpusReconciler(Reconciler):
 def _persistenced(host: Host) -> tuple[Any, str]:
     """nvidia-persistenced.service as `systemctl show` reports it, or (None, why systemd cannot say)."""
     from ...common import systemd
+    from .settings import PERSISTENCED
 
     try:
-        return systemd.show(host, [PERSISTENCED], SMI_TIMEOUT)[PERSISTENCED], ""
+        return systemd.show(host, [PERSISTENCED], PERSISTENCED_TIMEOUT)[PERSISTENCED], ""
     except ObserveError as exc:
         return None, str(exc)

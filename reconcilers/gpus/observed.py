@@ -4,9 +4,12 @@ it, and the verdict on its health."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..containers.observed import ContainerRef
+if TYPE_CHECKING:
+    # An annotation only: importing it runs the containers kind's package (its engines, cgroups);
+    # an observation that names a container brings it in when it is unpickled.
+    from ..containers.observed import ContainerRef
 
 MIB = 2**20
 NVIDIA_DRIVER = "nvidia"  # the kernel module's PCI driver name (nvidia.ko registers "nvidia")

@@ -16,13 +16,22 @@ A GPU nvidia-smi cannot reach is a line `Unable to determine the device handle f
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from ...core.contract import ObserveError
+from ...core.host import CommandTimeout
 from .catalogue import recovery_from_text
-from .nvml import CLOCK_EVENT_BITS
+from .nvml import CLOCK_EVENT_BITS, INIT_HINTS
 from .observed import MIB, Gpu, GpuSettings, GpuUse
+from .procfs import DEFAULT_PROC_GPUS, PROC_GPUS_ENV, gpu_minors
+
+if TYPE_CHECKING:
+    from ...core.host import Host
+    from .nvml import NvmlUnavailable
 
 # Without these the GPUs cannot be told apart or their memory read: an nvidia-smi that refuses one is an error.
 SMI_REQUIRED = ("index", "uuid", "pci.bus_id", "memory.total", "memory.used")
@@ -306,3 +315,65 @@ def query_fields(refused: Sequence[str], settings: Sequence[str] = ()) -> str:
             continue
         fields.append(f)
     return ",".join(fields)
+
+
+SMI_TIMEOUT = 30.0
+# nvidia-smi's words when NVML cannot start -> the NVML error code whose hint applies.
+SMI_INIT_FAILURES = {"version mismatch": 18, "insufficient permissions": 4,
+                     "couldn't communicate with the nvidia driver": 9, "driver not loaded": 9}
+
+
+def smi_observe(host: Host, nvml_error: NvmlUnavailable, checks: Mapping[str, Any],
+                settings: frozenset[str] = frozenset()) -> tuple[str, str | None, list[Gpu], dict[int, list[GpuUse]]]:
+    """The GPUs through `nvidia-smi --query-...` CSV, when NVML cannot start (NVML_ERROR): (driver, CUDA
+    version, GPUs, their processes by PID)."""
+    def smi(*args: str):
+        try:
+            return host.run(["nvidia-smi", *args], timeout=SMI_TIMEOUT)
+        except CommandTimeout as exc:
+            raise ObserveError(str(exc)) from None
+
+    def failed(res) -> ObserveError:
+        said = (res.stdout + res.stderr).lower()
+        code = next((c for words, c in SMI_INIT_FAILURES.items() if words in said), nvml_error.code)
+        hint = INIT_HINTS.get(code or 0, "")
+        return ObserveError(f"cannot read GPUs: NVML is unavailable ({nvml_error}) and {res.brief()}"
+                            + (f": {hint}" if hint else ""))
+
+    refused: list[str] = []
+    while True:
+        res = smi(f"--query-gpu={query_fields(refused, sorted(settings))}", "--format=csv")
+        if res.returncode == 127:
+            raise ObserveError(f"cannot read GPUs: NVML is unavailable ({nvml_error}) and nvidia-smi is not "
+                               "installed: " + (nvml_error.hint or "no NVIDIA driver on this host?"))
+        bad = invalid_field(res.stdout + res.stderr)
+        if bad is None or bad in refused:
+            break
+        if bad in SMI_REQUIRED:
+            raise ObserveError(f"cannot read GPUs: this nvidia-smi does not know the field {bad!r}")
+        refused.append(bad)  # an older driver: that reading stays unknown
+    said = res.stdout + "".join(f"\n{line}" for line in res.stderr.splitlines() if "device handle" in line)
+    if "No devices were found" in res.stdout + res.stderr:
+        return "?", None, [], {}
+    if not res.ok and "device handle" not in said:
+        raise failed(res)
+    minors = gpu_minors(os.environ.get(PROC_GPUS_ENV) or DEFAULT_PROC_GPUS)
+    gpus, driver = parse_smi_gpus(said, minors, sorted(settings))
+    apps = smi(f"--query-compute-apps={','.join(SMI_APP_FIELDS)}", "--format=csv")
+    if not apps.ok and "device handle" not in apps.stdout + apps.stderr:  # a lost GPU fails the exit code only
+        raise ObserveError(f"cannot list GPU processes: {apps.brief()}")
+    uses = parse_smi_apps(apps.stdout, {g.uuid: g.index for g in gpus})
+    if checks.get("max_nvlink_down") is not None:
+        links = smi("nvlink", "-s")
+        status = parse_nvlink_status(links.stdout) if links.ok else {}
+        gpus = [replace(g, nvlink_links=status[g.index][0], nvlink_down=status[g.index][1])
+                if g.index in status else g for g in gpus]
+    cuda = None
+    if checks.get("cuda"):
+        ver = smi("--version")
+        cuda = parse_cuda_version(ver.stdout) if ver.ok else None
+        if cuda is None:
+            table = smi()
+            cuda = parse_cuda_version(table.stdout) if table.ok else None
+    return driver or "?", cuda, gpus, uses
+
