@@ -13,10 +13,12 @@ _SIZE_UNITS = {
     "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15,
     "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50,
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?B|B)?\s*$", re.IGNORECASE)
-_PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
-_DURATION_RE = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+# Patterns, compiled on first use (re's own cache keeps them): a start-up compiles only those its
+# state file needs (issue 31 §4).
+_SIZE = r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?B|B)?\s*$"  # with re.IGNORECASE
+_PERCENT = r"^\s*(\d+(?:\.\d+)?)\s*%\s*$"
+_DURATION = r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$"
+_DURATION_PART = r"(\d+(?:\.\d+)?)(ms|s|m|h|d)"
 _DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 # The largest values a state file may declare: past these a float overflows, a deadline is
 # never reached, or time.sleep/select refuse the number (OverflowError).
@@ -26,7 +28,7 @@ MAX_DURATION = 3650 * 86400.0         # ten years, in seconds
 
 # systemd's own rules (unit-name.c:unit_name_is_valid): a name, an optional @instance (which may
 # hold more @), a known suffix.
-_UNIT_RE = re.compile(
+_UNIT = (
     r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\@-]*)?"
     r"\.(service|socket|target|timer|mount|automount|swap|path|slice|scope|device)$"
 )
@@ -42,7 +44,7 @@ def parse_size(value: int | str) -> int:
         if value < 0 or value > MAX_SIZE:
             raise ValueError(value)
         return value
-    m = _SIZE_RE.match(str(value))
+    m = re.match(_SIZE, str(value), re.IGNORECASE)
     if not m:
         raise ValueError(value)
     n = float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").upper()]
@@ -54,7 +56,7 @@ def parse_size(value: int | str) -> int:
 def parse_size_or_percent(value: int | str) -> tuple[str, float]:
     """('bytes', n) or ('percent', p)."""
     if isinstance(value, str):
-        m = _PERCENT_RE.match(value)
+        m = re.match(_PERCENT, value)
         if m:
             pct = float(m.group(1))
             if pct > 100:
@@ -72,16 +74,16 @@ def parse_duration(value: int | float | str) -> float:
             raise ValueError(value)
         return float(value)
     text = str(value).strip()
-    if not _DURATION_RE.match(text):
+    if not re.match(_DURATION, text):
         raise ValueError(value)
-    seconds = sum(float(n) * _DURATION_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+    seconds = sum(float(n) * _DURATION_SECONDS[u] for n, u in re.findall(_DURATION_PART, text))
     if not seconds <= MAX_DURATION:
         raise ValueError(value)
     return seconds
 
 
 def is_unit_name(name: str) -> bool:
-    return len(name) <= 255 and bool(_UNIT_RE.fullmatch(name))  # fullmatch: `$` admits a trailing newline
+    return len(name) <= 255 and bool(re.fullmatch(_UNIT, name))  # fullmatch: `$` admits a trailing newline
 
 
 def format_bytes(n: float) -> str:

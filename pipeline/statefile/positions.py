@@ -30,7 +30,9 @@ from .errors import Position, StateFileError
 
 # The bounded reading of the text lives in text.py, which the validation cache's path imports
 # without this module; its names are kept here for the callers that parse.
-from .text import _BREAK, LIMITS, Limits, byte_line_col, check_size, decode, line_col, read_bounded  # noqa: F401
+from .text import BREAK, LIMITS, Limits, byte_line_col, check_size, decode, line_col, read_bounded  # noqa: F401
+
+_BREAK = re.compile(BREAK)
 
 
 @dataclass

@@ -29,13 +29,15 @@ class Limits:
 LIMITS = Limits()
 
 
-_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")  # what YAML parsers count as a line break
+# What YAML parsers count as a line break; compiled when a position is needed (an error, the
+# parser's positions.py), not at every start-up: its Unicode class takes ~0.3 ms (issue 31 §4).
+BREAK = "\r\n|[\r\n\x85\u2028\u2029]"
 
 
 def line_col(text: str, index: int) -> Position:
     """1-based line and column of character `index`, counting line breaks as YAML parsers do."""
     line, start = 1, 0
-    for m in _BREAK.finditer(text, 0, index):
+    for m in re.compile(BREAK).finditer(text, 0, index):
         line, start = line + 1, m.end()
     return line, index - start + 1
 

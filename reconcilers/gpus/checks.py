@@ -32,7 +32,7 @@ SLOWDOWN_STEPS = {
     "sw_power_cap": "the GPU is held at its power limit: raise the limit or expect lower clocks",
 }
 UNKNOWN = "unknown"
-_CLAUSE_RE = re.compile(r"^\s*(>=|<=|==|!=|>|<)?\s*(\d+(?:\.\d+)*)\s*$")
+_CLAUSE = r"^\s*(>=|<=|==|!=|>|<)?\s*(\d+(?:\.\d+)*)\s*$"  # compiled when a version is checked
 
 
 def parse_checks(section: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def version_satisfies(have: str | None, spec: str) -> bool | None:
     if not nums:
         return None
     for clause in spec.split(","):
-        m = _CLAUSE_RE.match(clause)
+        m = re.match(_CLAUSE, clause)
         if not m:
             return None
         op, want = m.group(1) or "==", tuple(int(n) for n in m.group(2).split("."))

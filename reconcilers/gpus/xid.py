@@ -43,9 +43,10 @@ def pci_key(bus_id: str) -> str:
         return s
 
 
-_CAUSE_RE = re.compile(r"caused by previous Xid (\d+)", re.I)
-_RECOVERY_RE = re.compile(r"recovery action changed from .*? to (0x[0-9a-fA-F]+|\d+)", re.I)
-_FATAL_RE = re.compile(r"\b(non-?fatal|fatal)\b", re.I)
+# Compiled when a message needs them (re's cache), not at every start-up (issue 31 §4).
+_CAUSE = r"caused by previous Xid (\d+)"
+_RECOVERY = r"recovery action changed from .*? to (0x[0-9a-fA-F]+|\d+)"
+_FATAL = r"\b(non-?fatal|fatal)\b"
 
 
 def judge_xid(xid: int | None, detail: str = "", mig: bool = False) -> tuple[bool, str, str]:
@@ -65,20 +66,20 @@ def judge_xid(xid: int | None, detail: str = "", mig: bool = False) -> tuple[boo
         return True, "RESET_GPU", f"{listed}; the driver says RST: Yes"
     if xid == 45:
         # The cause is judged on its own line; 45 adds a verdict only for a cause that always keeps off.
-        cause = _CAUSE_RE.search(detail)
+        cause = re.search(_CAUSE, detail, re.I)
         cause_action = XIDS.get(int(cause.group(1)), (None, ""))[0] if cause else None
         if cause_action in STEPS:
             return True, cause_action, f"{listed}, caused by Xid {cause.group(1)}: {cause_action}"
         return False, "IGNORE", listed + (f", judged by the Xid {cause.group(1)} line" if cause else "")
     if xid == 154:
-        m = _RECOVERY_RE.search(detail)
+        m = re.search(_RECOVERY, detail, re.I)
         if not m:
             return True, "CONTACT_SUPPORT", f"{listed}, naming no recovery action reconcile can read"
         value = int(m.group(1), 0)
         step = RECOVERY_ACTIONS.get(value, "CONTACT_SUPPORT")
         return step is not None, step or "IGNORE", f"{listed}, recovery action {m.group(1)}"
     if xid == 74 or 144 <= xid <= 150:
-        m = _FATAL_RE.search(detail)
+        m = re.search(_FATAL, detail, re.I)
         if m and m.group(1).lower().startswith("non"):
             return False, "IGNORE", f"{listed}, Nonfatal"
         return True, "RESET_GPU", f"{listed}, " + ("Fatal" if m else "severity not stated")
