@@ -105,6 +105,7 @@ LANE_OF_FILE = {
     "test_slurm_reboot.py": "system",
     "test_statefile.py": "pure",
     "test_statefile_limits.py": "pure",
+    "test_startup_imports.py": "pure",  # the tests with the fake GPU driver are marked system
     "test_units.py": "system",
     "test_units_differential.py": "system",
     "test_units_plan.py": "pure",
