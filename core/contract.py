@@ -150,10 +150,20 @@ def utc_iso(t: float | None = None, millis: bool = False) -> str:
     return text + (f".{int((t % 1) * 1000):03d}Z" if millis else "Z")
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})  # exactly these types: an Enum of str is not one
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass's fields, asked once per class and run
+
+
 def to_plain(value: Any) -> Any:
     """Dataclasses, enums, tuples and mappings to JSON-ready values."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    cls = type(value)
+    if cls in _PLAIN:  # most of a report's values: returned before the checks below (issue 31 §4)
+        return value
+    names = _FIELD_NAMES.get(cls)
+    if names is None and dataclasses.is_dataclass(cls) and not isinstance(value, type):
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(value))
+    if names is not None:
+        return {name: to_plain(getattr(value, name)) for name in names}
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, Mapping):
