@@ -196,7 +196,7 @@ class ExtractionsReconciler(Reconciler):
                        progress: Callable[[str, int, int, str], None] | None = None) -> ExtractionObserved:
         spec = r.spec
         root, total, verify = spec["dir"], spec["total"], spec["verify"]
-        state_path = state_dir() / f"{r.name}.check.json"
+        state_path = os.path.join(state_dir(), f"{r.name}.check.json")
         key = {"dir": root, "pattern": spec["pattern"]}
         raw = load_json(state_path)
         record = CheckRecord.parse(raw, key)

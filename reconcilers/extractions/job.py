@@ -94,11 +94,11 @@ def command_ended(name: str) -> tuple[int | None, str, str]:
     lines), from the status file its reaper wrote (local/host.py `_REAPER`) for that very pid;
     (None, "", "") when no such record exists (still starting, or started by an older reconcile)."""
     d = state_dir()
-    info = load_json(d / f"{name}.pid")
-    ended = load_json(d / f"{name}.exit.json")
+    info = load_json(os.path.join(d, f"{name}.pid"))
+    ended = load_json(os.path.join(d, f"{name}.exit.json"))
     if not info or not ended or ended.get("pid") != info.get("pid") or not isinstance(ended.get("returncode"), int):
         return None, "", ""
-    return ended["returncode"], str(info.get("started", "")), log_tail(d / f"{name}.log")
+    return ended["returncode"], str(info.get("started", "")), log_tail(os.path.join(d, f"{name}.log"))
 
 
 def log_tail(path: os.PathLike | str) -> str:
@@ -127,7 +127,7 @@ def proc_starttime(host: Host, pid: int) -> str | None:
 
 
 def command_pid(host: Host, name: str) -> int | None:
-    info = load_json(state_dir() / f"{name}.pid")
+    info = load_json(os.path.join(state_dir(), f"{name}.pid"))
     if not info or not isinstance(info.get("pid"), int) or info["pid"] <= 1:
         return None
     start = proc_starttime(host, info["pid"])
@@ -138,16 +138,19 @@ def start_command(host: Host, resource: Resource) -> str:
     job = resource.spec["job"]
     argv = list(job["command"])
     d = state_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    log = d / f"{resource.name}.log"
-    status = d / f"{resource.name}.exit.json"
+    os.makedirs(d, exist_ok=True)
+    log = os.path.join(d, f"{resource.name}.log")
+    status = os.path.join(d, f"{resource.name}.exit.json")
     try:
-        status.unlink(missing_ok=True)  # how the previous job ended: not this one's
-        pid = host.spawn_detached(argv, str(log), cwd=job.get("cwd"), status_path=str(status))
+        try:
+            os.unlink(status)  # how the previous job ended: not this one's
+        except FileNotFoundError:
+            pass
+        pid = host.spawn_detached(argv, log, cwd=job.get("cwd"), status_path=status)
     except OSError as exc:
         raise ApplyError(f"cannot start {argv[0]}: {exc.strerror or exc}") from None
-    write_json(d / f"{resource.name}.pid", {
-        "pid": pid, "starttime": proc_starttime(host, pid), "argv": argv, "log": str(log),
-        "status": str(status), "started": utc_iso(),
+    write_json(os.path.join(d, f"{resource.name}.pid"), {
+        "pid": pid, "starttime": proc_starttime(host, pid), "argv": argv, "log": log,
+        "status": status, "started": utc_iso(),
     })
     return f"started pid {pid}: {' '.join(argv)} (output in {log})"

@@ -6,13 +6,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from .ranges import valid_ranges
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
 
 # Format 4 adds `unproven` (safetensors files whose zero tail cannot be judged); format 3 added
 # `gz_shallow` and `no_crc`. Formats 3 and 2 (the same without them) and format 1 (no `format`
@@ -25,17 +21,18 @@ STATE_FORMAT = 4
 
 
 
-def state_dir() -> Path:
-    from pathlib import Path  # not at the top: pathlib is ~10 ms of the parent's start-up
-
+def state_dir() -> str:
+    # A string, as core/paths.py's: pathlib (with urllib.parse and ipaddress) is ~3 ms of the
+    # observer child's start-up, the one module of that weight it alone would import (issue 31 §4).
     from ...core import paths
 
-    return Path(paths.state_dir()) / "extractions"
+    return os.path.join(paths.state_dir(), "extractions")
 
 
-def load_json(path: Path) -> dict[str, Any] | None:
+def load_json(path: str) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text())
+        with open(path, encoding="utf-8") as f:
+            data = json.loads(f.read())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
