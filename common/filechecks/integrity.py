@@ -2,10 +2,11 @@
 
 "Whole" means, per format (docs/extractions.md says the same for users):
 - a torch.save ZIP (`.ckpt`, `.pt`, ...): torch.load would load it and it is what was written.
-  The structural check reads it as torch.load does (torchzip.py: the end record, the central
-  directory, each local header, the records read at open, data.pkl walked without executing it
-  (torchpickle.py) and every storage it names, present with its exact size). The content check
-  adds every entry's CRC-32, over the bytes torch would read. An archive written with CRCs off
+  The structural check reads it as torch.load does (torchzip.py read_layout: the end record, the
+  central directory, each local header, the records read at open, data.pkl and every storage
+  present where torch would read them; torchfast.py for torch.save's own layout). The content
+  check adds every entry's CRC-32, over the bytes torch would read, and walks data.pkl without
+  executing it (torchpickle.py): every storage it names present with its exact size. An archive written with CRCs off
   (torch.serialization.set_crc32_options(False)) cannot be proven: it gets the zero-page look
   of safetensors instead, and says so (`no_crc`);
 - safetensors: structurally complete (the library's own rules) and, in the content check, no

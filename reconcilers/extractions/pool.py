@@ -1,14 +1,14 @@
 """Checking files on every CPU: a small pool of forked workers, and how many to start.
 
-A first check of a million samples is CPU work (about 15 µs a file for the structure, the
-page cache's read speed for the content), so it is split into tasks (runs of indices) that
-workers forked from the observer take one at a time. The workers inherit everything the task
-needs (the listing, the rules) from the fork: a task travels as its number, and its result
-comes back pickled. Why not multiprocessing or concurrent.futures: their import costs more
-than this module, and the observer must keep its heartbeat honest. A worker reports each file
-it finishes (at most 20 times a second); the observer passes that on as its own heartbeat, so
-the engine's deadline still fires when the files stop coming (a hung network mount), not when
-the work is merely long.
+A first check of a million samples is CPU work (about 20 µs a file for the structure of a
+torch.save sample, docs/extractions.md#measured; the page cache's read speed for the content), so
+it is split into tasks (runs of indices) that workers forked from the observer take one at a time.
+The workers inherit everything the task needs (the listing, the rules) from the fork: a task
+travels as its number, and its result comes back pickled. Why not multiprocessing or
+concurrent.futures: their import costs more than this module, and the observer must keep its
+heartbeat honest. A worker reports each file it finishes (at most 20 times a second); the observer
+passes that on as its own heartbeat, so the engine's deadline still fires when the files stop
+coming (a hung network mount), not when the work is merely long.
 
 How many workers: the CPUs this process may run on (`os.sched_getaffinity`), fewer under a
 cgroup CPU quota (`cpu.max`), at most NETWORK_WORKERS on a network or FUSE filesystem (decided
