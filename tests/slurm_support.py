@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ssh_support import free_port
@@ -68,6 +69,18 @@ def missing_prerequisites() -> str | None:
         if not os.access(tool, os.X_OK):
             return f"{tool} not installed (Debian: slurmctld slurmd munge)"
     return None
+
+
+def running_cluster(**config) -> Iterator[SlurmCluster]:
+    """A started SlurmCluster(**config) for a fixture to `yield from`, stopped after; the test is
+    skipped, saying why, where real Slurm cannot run."""
+    import pytest
+
+    why = missing_prerequisites()
+    if why:
+        pytest.skip(f"real Slurm unavailable: {why}")
+    with SlurmCluster(**config) as cluster:
+        yield cluster
 
 
 class SlurmCluster:

@@ -13,7 +13,6 @@ import io
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -27,18 +26,16 @@ import pytest
 from cli_support import cli_env, reconcile_argv, run_cli, wait_for
 from extraction_support import age, write_sample
 from gpu_support import FakeConfig, nvml_env, seed_gpus
+from promtool_support import PROMTOOL, needs_promtool, promtool, rule_tests_with
 from ssh_support import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "contrib" / "prometheus" / "reconcile.rules.yml"
 RULES_TEST = ROOT / "contrib" / "prometheus" / "reconcile.rules.test.yml"
-PROMTOOL = "/usr/bin/promtool"
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 MIB = 2**20
 
 parser = pytest.importorskip("prometheus_client.parser", reason="prometheus_client not installed (pip: the test extra)")
-needs_promtool = pytest.mark.skipif(not os.access(PROMTOOL, os.X_OK),
-                                    reason="promtool not installed (Debian: prometheus)")
 needs_node_exporter = pytest.mark.skipif(not os.access(NODE_EXPORTER, os.X_OK),
                                          reason="node_exporter not installed (Debian: prometheus-node-exporter)")
 
@@ -296,11 +293,10 @@ def test_node_exporter_serves_what_watch_writes(tmp_path, fake_lib):
 
 @needs_promtool
 def test_rules_are_valid_and_their_unit_tests_pass():
-    check = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=30)
+    check = promtool("check", "rules", str(RULES), timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "SUCCESS: 11 rules found" in check.stdout
-    test = subprocess.run([PROMTOOL, "test", "rules", str(RULES_TEST)], capture_output=True, text=True,
-                          timeout=60)
+    test = promtool("test", "rules", str(RULES_TEST))
     assert test.returncode == 0, test.stdout + test.stderr
 
 
@@ -325,12 +321,7 @@ MUTATIONS = [  # each breaks one alert; the unit tests must notice
 @needs_promtool
 @pytest.mark.parametrize("alert, old, new", MUTATIONS, ids=[m[0] for m in MUTATIONS])
 def test_the_rule_tests_catch_a_broken_rule(tmp_path, alert, old, new):
-    text = RULES.read_text()
-    assert text.count(old) == 1
-    (tmp_path / RULES.name).write_text(text.replace(old, new))
-    shutil.copy(RULES_TEST, tmp_path / RULES_TEST.name)
-    test = subprocess.run([PROMTOOL, "test", "rules", RULES_TEST.name], capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path)
+    test = rule_tests_with(RULES, RULES_TEST, old, new, tmp_path)
     assert test.returncode == 1, test.stdout + test.stderr
     assert alert in test.stdout + test.stderr
 

@@ -20,7 +20,7 @@ from cli_support import cli_env, reconcile_argv, wait_for
 from gpu_support import FakeConfig, nvml_env, seed_gpus
 from reconcile_host.core.contract import utc_iso
 from reconcile_host.doors import slurm
-from slurm_support import SlurmCluster, missing_prerequisites
+from slurm_support import SlurmCluster, missing_prerequisites, running_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 WRAPPER = ROOT / "contrib" / "slurm" / "reconcile-health-check"
@@ -134,11 +134,7 @@ def test_slurmd_health_check_drains_resumes_and_leaves_a_manual_drain_alone(tmp_
 
 @pytest.fixture(scope="module")
 def plain_cluster():
-    why = missing_prerequisites()
-    if why:
-        pytest.skip(f"real Slurm unavailable: {why}")
-    with SlurmCluster() as cluster:
-        yield cluster
+    yield from running_cluster()
 
 
 @pytest.fixture

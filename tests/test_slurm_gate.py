@@ -11,7 +11,7 @@ import uuid
 import pytest
 from cli_support import cli_env, reconcile_argv
 from gpu_support import nvml_env
-from slurm_support import SlurmCluster, missing_prerequisites
+from slurm_support import SlurmCluster, running_cluster
 from test_slurm import runs, write_gpus
 
 STATE = """version: 1
@@ -25,11 +25,7 @@ gpus:
 
 @pytest.fixture(scope="module")
 def cluster():
-    why = missing_prerequisites()
-    if why:
-        pytest.skip(f"real Slurm unavailable: {why}")
-    with SlurmCluster() as c:
-        yield c
+    yield from running_cluster()
 
 
 def test_the_sink_reads_the_gate_field_the_gpus_kind_writes():

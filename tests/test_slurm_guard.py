@@ -8,25 +8,21 @@ rule is unit-tested with the real promtool on series named as a real run wrote t
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from cli_support import cli_env, reconcile_argv
 from gpu_support import nvml_env
+from promtool_support import needs_promtool, promtool, rule_tests_with
 from reconcile_host.doors import slurm
-from slurm_support import SlurmCluster, missing_prerequisites
+from slurm_support import running_cluster
 from test_slurm import GPU_STATE, runs, write_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "contrib" / "prometheus" / "reconcile-slurm.rules.yml"
 RULES_TEST = ROOT / "contrib" / "prometheus" / "reconcile-slurm.rules.test.yml"
-PROMTOOL = "/usr/bin/promtool"
-needs_promtool = pytest.mark.skipif(not os.access(PROMTOOL, os.X_OK),
-                                    reason="promtool not installed (Debian: prometheus)")
 
 NODE = "rnode1"  # the one with slurmd, under test
 OTHERS = ("rnode2", "rnode3", "rnode4", "rnode5")
@@ -39,11 +35,7 @@ SINFO_OUT = {"drained", "draining", "down", "fail", "failing", "inval", "reboot_
 
 @pytest.fixture(scope="module")
 def fleet():
-    why = missing_prerequisites()
-    if why:
-        pytest.skip(f"real Slurm unavailable: {why}")
-    with SlurmCluster(node=NODE, others=OTHERS, partitions=PARTITIONS) as cluster:
-        yield cluster
+    yield from running_cluster(node=NODE, others=OTHERS, partitions=PARTITIONS)
 
 
 @pytest.fixture
@@ -309,9 +301,9 @@ def test_partitions_that_cannot_be_read_withhold_the_drain():
 
 @needs_promtool
 def test_the_rule_is_valid_and_its_unit_tests_pass():
-    check = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=30)
+    check = promtool("check", "rules", str(RULES), timeout=30)
     assert check.returncode == 0 and "SUCCESS: 1 rules found" in check.stdout, check.stdout + check.stderr
-    test = subprocess.run([PROMTOOL, "test", "rules", str(RULES_TEST)], capture_output=True, text=True, timeout=60)
+    test = promtool("test", "rules", str(RULES_TEST))
     assert test.returncode == 0, test.stdout + test.stderr
 
 
@@ -319,10 +311,5 @@ def test_the_rule_is_valid_and_its_unit_tests_pass():
 @pytest.mark.parametrize("old, new", [("drain_withheld == 1", "drain_withheld == 0"),
                                       ("drain_withheld == 1\n", "drain_withheld == 1\n        for: 5m\n")])
 def test_the_rule_tests_catch_a_broken_rule(tmp_path, old, new):
-    text = RULES.read_text()
-    assert text.count(old) == 1
-    (tmp_path / RULES.name).write_text(text.replace(old, new))
-    shutil.copy(RULES_TEST, tmp_path / RULES_TEST.name)
-    test = subprocess.run([PROMTOOL, "test", "rules", RULES_TEST.name], capture_output=True, text=True,
-                          timeout=60, cwd=tmp_path)
+    test = rule_tests_with(RULES, RULES_TEST, old, new, tmp_path)
     assert test.returncode == 1 and "ReconcileSlurmDrainWithheld" in test.stdout + test.stderr
