@@ -75,7 +75,7 @@ def test_slurmd_health_check_drains_resumes_and_leaves_a_manual_drain_alone(tmp_
         f"export SLURM_CONF={cluster.conf} LD_LIBRARY_PATH={fake_lib} FAKE_NVML_CONFIG={config} "
         f"RECONCILE_KERNEL_LOG={nvml_env(fake_lib, config)['RECONCILE_KERNEL_LOG']} "
         f"RECONCILE_SYSFS_PCI={nvml_env(fake_lib, config)['RECONCILE_SYSFS_PCI']} "
-        f"RECONCILE_CACHE_DIR={tmp_path / 'cache'}\n")
+        f"RECONCILE_CACHE_DIR={tmp_path / 'cache'} RECONCILE_STATE_DIR={tmp_path / 'state-dir'}\n")
 
     def after_more_runs(n: int) -> list[dict]:
         """Wait until `n` runs that started from now on have written their line; return those lines.
