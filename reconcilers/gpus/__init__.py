@@ -69,7 +69,6 @@ PERSISTENCED_TIMEOUT = 30.0  # systemctl show of nvidia-persistenced.service
 HISTORY_MIN = 86400.0  # the journal is read back at least this far for recoveries and acks
 
 
-
 def nvml_observe(settings: frozenset[str]) -> Any:
     """nvml.nvml_observe, imported in the observer child (pynvml with it); a name of this module so
     that a test of the nvidia-smi fallback can stand another in (tests/hardware/observe.py)."""
