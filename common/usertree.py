@@ -41,6 +41,7 @@ from typing import Any
 POINTER_LIMIT = 4096  # DeepSpeed's `latest`, Megatron's tracker: a tag or a number
 JSON_LIMIT = 16 << 20  # trainer_state.json of a long run is a few MiB; an index.json of shards, less
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+DIR_FLAGS = _DIR  # a folder of the tree: opened with no link followed, never blocking
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 # openat2(2): include/uapi/linux/openat2.h; the syscall number is 437 on every architecture

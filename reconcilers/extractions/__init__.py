@@ -487,7 +487,7 @@ def _unchanged_recent(root: str, listing: Listing, present: list[tuple[int, int]
             continue
         for f in known:
             try:
-                st = os.stat(os.path.join(root, f.rel))
+                st = os.stat(os.path.join(root, f.rel), follow_symlinks=False)  # a link swapped in: changed
             except OSError:
                 reread.add(idx)
                 break
