@@ -510,3 +510,12 @@ def read_in(folder: str, name: str, limit: int) -> bytes:
     parent, base = os.path.split(os.path.normpath(folder))
     with Tree.open(parent or ".") as t:
         return t.read_bounded(f"{base}/{name}", limit)
+
+
+def open_file(path: str) -> int:
+    """A read-only fd of the regular file PATH in a user's tree (a checkpoint's file): its folder
+    reached as `chase_safe` allows, the file itself opened with no link followed, never blocking,
+    and fstat'ed as a regular file (else UnsafeTree). The caller closes it."""
+    parent, base = os.path.split(os.path.abspath(path))
+    with Tree(chase_safe(parent), parent) as t:
+        return t.open_regular(base)
