@@ -51,6 +51,7 @@ LANE_OF_FILE = {
     "test_extractions_plan.py": "pure",
     "test_extractions_quarantine.py": "system",
     "test_extractions_torch.py": "system",
+    "test_file_bounds.py": "pure",
     "test_extractions_zero_tail.py": "system",
     "test_fakenvml_abi.py": "reference",
     "test_fast_diff.py": "pure",
