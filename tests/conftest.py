@@ -89,6 +89,7 @@ LANE_OF_FILE = {
     "test_mounts_tables.py": "reference",
     "test_mounts_trust.py": "system",
     "test_nsystemd.py": "system",
+    "test_own_files.py": "system",
     "test_progress.py": "pure",
     "test_prometheus.py": "system",
     "test_prometheus_alerts.py": "system",
