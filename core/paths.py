@@ -94,9 +94,9 @@ def own_dir(path: str, *, create: bool = True) -> int:
     except OSError as exc:
         import errno
 
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise UnsafeOwnFile(path, "not a directory (a symlink or a file stands there): refusing to use it") \
-                from None
+        if exc.errno == errno.ELOOP:
+            raise UnsafeOwnFile(path, "a symlink stands where reconcile keeps its own directory: refusing to "
+                                      "follow it") from None
         raise
     try:
         check_own(fd, path, "directory")

@@ -93,18 +93,29 @@ def open_regular(path: str) -> int:
     raise NotRegularFile(what)
 
 
-def read_regular(path: str, limit: int) -> bytes:
-    """At most `limit` bytes of a regular file (open_regular's rules)."""
+def read_regular(path: str, limit: int, own: bool = False) -> bytes:
+    """At most `limit` bytes of a regular file (open_regular's rules). `own`: a file of
+    instructions root acts on (a state file, a saved plan), which must be owned by root or the
+    invoking user and not writable by group or others (UnsafeOwnFile otherwise: core/paths.py)."""
     with os.fdopen(open_regular(path), "rb") as fh:
+        if own:
+            from ...core.paths import check_own
+
+            check_own(fh.fileno(), path)
         return fh.read(limit)
 
 
-def read_bounded(path: str, label: str, limits: Limits = LIMITS, what: str = "a state file") -> bytes:
+def read_bounded(path: str, label: str, limits: Limits = LIMITS, what: str = "a state file",
+                 own: bool = False) -> bytes:
     """A file's bytes, reading at most one byte past the limit (so a huge file cannot exhaust
     memory), and only from a regular file (a FIFO or a device is refused before it is opened:
     reading one could hang or never end); StateFileError with a position for what cannot be read."""
+    from ...core.paths import UnsafeOwnFile
+
     try:
-        raw = read_regular(path, limits.max_bytes + 1)
+        raw = read_regular(path, limits.max_bytes + 1, own)
+    except UnsafeOwnFile as exc:
+        raise StateFileError([f"{label}:1:1: {exc.why}"]) from None
     except FileNotFoundError:
         raise StateFileError([f"{label}:1:1: no such file"]) from None
     except NotRegularFile as exc:
