@@ -106,6 +106,16 @@ def own_dir(path: str, *, create: bool = True) -> int:
     return fd
 
 
+def check_state_dir() -> None:
+    """The state directory, where it exists, is reconcile's own (own_dir); UnsafeOwnFile if not."""
+    try:
+        os.close(own_dir(state_dir(), create=False))
+    except UnsafeOwnFile:
+        raise
+    except OSError:
+        pass  # none yet, or not ours to open (EACCES): a kind that writes there says so itself
+
+
 def spool_dir() -> str:
     """Where a check decompresses what it must read twice (a .gz content): beside reconcile's
     state, not in $TMPDIR, which any user may fill or plant names in."""

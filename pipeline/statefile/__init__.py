@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ...core.contract import Reconciler, Resource
-from ...core.paths import UnsafeOwnFile
+from ...core.paths import UnsafeOwnFile, check_state_dir
 from ...reconcilers import KINDS, key_of, reconciler_class, reconciler_for
 from . import cache
 from .errors import StateFileError
@@ -240,8 +240,8 @@ def validate(text: str, label: str) -> tuple[dict[str, Any], list[Found]]:
 
 
 def _unsafe_cache(exc: OSError) -> str:
-    return f"{exc}; the validation cache is not used from a place another user controls " \
-           "(see RECONCILE_CACHE_DIR and RECONCILE_STATE_DIR in docs/commands.md)"
+    return f"{exc} (reconcile keeps its state and validation cache only where no other user can write: " \
+           "see RECONCILE_STATE_DIR and RECONCILE_CACHE_DIR in docs/commands.md)"
 
 
 def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache: bool = True,
@@ -258,6 +258,7 @@ def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache:
 
     digest = sha256(schema_fingerprint().encode() + b"\0" + raw).hexdigest()
     try:
+        check_state_dir()  # before any kind is built: the kinds keep their records there
         entry = cache.read(digest) if use_cache else None
     except UnsafeOwnFile as exc:
         raise StateFileError([_unsafe_cache(exc)]) from None

@@ -119,7 +119,9 @@ def read(digest: str) -> tuple[dict, list[tuple[int, int, str]]] | None:
     is rewritten). UnsafeOwnFile when the cache's directories or its key are not reconcile's own."""
     try:
         dfd = _entries_dir(create=False)
-    except FileNotFoundError:
+    except UnsafeOwnFile:
+        raise
+    except OSError:  # no cache yet, or one this user cannot open: as good as none
         return None
     try:
         key = _key(create=False)
