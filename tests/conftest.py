@@ -31,6 +31,7 @@ LANE_OF_FILE = {
     "test_add_a_kind.py": "pure",
     "test_add_a_sink.py": "pure",
     "test_ansible.py": "system",
+    "test_cache_auth.py": "pure",
     "test_checkpoints.py": "pure",  # the Megatron tests (real torch) are marked system
     "test_checkpoints_accelerate.py": "system",
     "test_checkpoints_frameworks.py": "system",
