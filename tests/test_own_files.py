@@ -16,7 +16,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from reconcile_host.reconcilers.mounts.probe import PROBE_PREFIX, _write_probe
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
