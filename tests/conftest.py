@@ -99,6 +99,7 @@ LANE_OF_FILE = {
     "test_prometheus_live.py": "system",
     "test_refusals.py": "system",
     "test_remote.py": "system",
+    "test_output_escapes.py": "pure",  # the --via test through the real sshd is marked system
     "test_report_text.py": "pure",
     "test_runs.py": "pure",
     "test_saved_plan.py": "system",
