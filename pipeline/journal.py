@@ -2,6 +2,12 @@
 
 Both live in one directory: /var/lib/reconcile as root, the XDG state directory
 otherwise. The journal is the recovery timeline a post-mortem reads.
+
+They are reconcile's own files: made 0600 (the journal records what was observed: unit, file
+and process names, messages), opened without following a symlink, and refused (UnsafeOwnFile,
+one line) when another user owns them or may write them. Their directory is made 0700 when
+missing, and the default one (the state directory) must be reconcile's own (core/paths.py
+own_dir); a directory given with --journal is the caller's choice.
 """
 
 from __future__ import annotations
@@ -16,7 +22,40 @@ from pathlib import Path
 from typing import Any
 
 from ..core.contract import utc_iso
-from ..core.paths import default_journal_path
+from ..core.paths import UnsafeOwnFile, check_own, default_journal_path, own_dir
+
+FILE_MODE = 0o600
+
+
+def open_own(path: str | os.PathLike, flags: int) -> int:
+    """One of reconcile's own files in its directory: created 0600, never through a symlink,
+    refused (UnsafeOwnFile) when another user owns it or may write it; an older reconcile's
+    0644 file is made 0600."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeOwnFile(path, "a symlink stands where reconcile keeps its own file: refusing to follow it") \
+                from None
+        raise
+    try:
+        st = check_own(fd, path)
+        if st.st_mode & 0o077:
+            os.fchmod(fd, FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def own_parent(path: str | os.PathLike) -> None:
+    """The directory of the journal or the lock: made 0700 when missing; the default one (the
+    state directory) checked as reconcile's own whether or not it was just made."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(parent) and parent != os.path.dirname(default_journal_path()):
+        return  # --journal's directory, which exists: the caller's choice
+    os.close(own_dir(parent))
 
 # Bounded growth: a journal is rotated when it reaches MAX_BYTES or its first line is MAX_AGE_S old,
 # keeping KEEP rotated files (logrotate's `size`, `maxage`, `rotate`); $RECONCILE_JOURNAL_MAX_BYTES,
@@ -105,7 +144,7 @@ class Journal:
         (`Rotation`): the line goes into the new file, whole."""
         line = (json.dumps(compact(entry), sort_keys=False, default=str) + "\n").encode()
         if not self._opened:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            own_parent(self.path)
         fd = self._open_locked()
         try:
             if self.rotation.due(fd):
@@ -125,7 +164,7 @@ class Journal:
         """The journal open for appending, under an exclusive flock held until it is closed, and
         still the file at `path` (another writer may have rotated it while we waited)."""
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)  # read: the torn-line check
+            fd = open_own(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT)  # read: the torn-line check
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
@@ -235,8 +274,10 @@ class Lock:
 
     def _open(self, path: Path) -> int:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            own_parent(path)
+            return open_own(path, os.O_RDWR | os.O_CREAT)
+        except UnsafeOwnFile as exc:
+            raise LockError(f"cannot take the lock: {exc}") from None
         except OSError as exc:
             raise LockError(f"cannot take the lock {path}: {exc.strerror}") from None
 
@@ -289,7 +330,7 @@ class Lock:
             return
         gate = None
         try:
-            gate = os.open(self.gate_path, os.O_RDWR | os.O_CREAT, 0o600)
+            gate = open_own(self.gate_path, os.O_RDWR | os.O_CREAT)
             fcntl.flock(gate, fcntl.LOCK_EX)
         except OSError:
             pass  # without the gate, a reader may find the name erased: it says "holder unknown"

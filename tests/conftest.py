@@ -31,6 +31,7 @@ LANE_OF_FILE = {
     "test_add_a_kind.py": "pure",
     "test_add_a_sink.py": "pure",
     "test_ansible.py": "system",
+    "test_cache_auth.py": "pure",
     "test_checkpoints.py": "pure",  # the Megatron tests (real torch) are marked system
     "test_checkpoints_accelerate.py": "system",
     "test_checkpoints_frameworks.py": "system",
@@ -51,6 +52,7 @@ LANE_OF_FILE = {
     "test_extractions_plan.py": "pure",
     "test_extractions_quarantine.py": "system",
     "test_extractions_torch.py": "system",
+    "test_file_bounds.py": "pure",
     "test_extractions_zero_tail.py": "system",
     "test_fakenvml_abi.py": "reference",
     "test_fast_diff.py": "pure",
@@ -89,6 +91,7 @@ LANE_OF_FILE = {
     "test_mounts_tables.py": "reference",
     "test_mounts_trust.py": "system",
     "test_nsystemd.py": "system",
+    "test_own_files.py": "system",
     "test_progress.py": "pure",
     "test_prometheus.py": "system",
     "test_prometheus_alerts.py": "system",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 
 from cli_support import run_cli
 from reconcile_host.pipeline.journal import Journal, LockError, LockHeld
@@ -15,7 +17,7 @@ def test_unusable_lock_location_is_a_one_line_error(tmp_path):
     state.write_text("version: 1\nmounts:\n  /proc:\n    fstype: proc\n")
     proc = run_cli(tmp_path, "apply", str(state), "--journal", str(not_a_dir / "journal.jsonl"))
     assert proc.returncode == 1
-    assert proc.stderr == f"reconcile: error: cannot take the lock {not_a_dir / 'lock'}: File exists\n"
+    assert proc.stderr == f"reconcile: error: cannot take the lock {not_a_dir / 'lock'}: {os.strerror(errno.ENOTDIR)}\n"
 
 
 def test_lock_beside_the_journal_held_then_free(tmp_path):

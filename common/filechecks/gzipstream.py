@@ -13,13 +13,21 @@ directory), the local headers met on the way, and the running CRC-32 at every pl
 can start or end (after each local header; at each data descriptor, local or central header
 signature), from which any entry's CRC follows (zlib's crc32_combine, run backwards). A
 content that needs anything else (a damaged or unusual inner archive) is decompressed again
-into an unlinked temporary file and checked as a plain file.
+into an unnamed file in reconcile's state directory (core/paths.py spool_file: not $TMPDIR) and
+checked as a plain file.
+
+Bounds: what a user's file makes reconcile do is proportional to the file's size. The content
+may be at most MAX_RATIO times the compressed size (or MIN_LIMIT, for a small file): deflate can
+expand 1,032-fold, so a 1 MiB stream could otherwise be 1 GiB decompressed, or spooled, on every
+pass. A sample's content is its hidden states, floats that gzip shrinks by less than half;
+a stream that expands beyond the bound is damaged ("a decompression bomb"), and decompression
+stops there. What a ZipStream keeps of the content is bounded too (MAX_HELD, MAX_POINTS).
 """
 
 from __future__ import annotations
 
+import os
 import struct
-import tempfile
 import zlib
 from collections.abc import Callable
 from typing import BinaryIO
@@ -30,12 +38,20 @@ IN_CHUNK = 256 * 1024
 OUT_MAX = 1024 * 1024  # decompressed bytes per call: bounds memory on a highly compressible stream
 KEEP = 1024 * 1024  # bytes kept of the content's start and of its end
 MAX_POINTS = 100_000  # signatures recorded; random data holds one in ~4 GiB
+MAX_HELD = 16 * 1024 * 1024  # bytes of local headers kept (a sample holds a few dozen of ~100 bytes)
+MAX_RATIO = 64  # content bytes per compressed byte (see the docstring)
+MIN_LIMIT = 64 * 1024 * 1024  # the content bound of a file under MIN_LIMIT / MAX_RATIO bytes
 FTEXT, FHCRC, FEXTRA, FNAME, FCOMMENT = 1, 2, 4, 8, 16
 POLY = 0xEDB88320
 
 
 class GzipDamage(Exception):
     pass
+
+
+def content_limit(compressed: int) -> int:
+    """The most content a .gz of `compressed` bytes may hold (see the docstring)."""
+    return max(MIN_LIMIT, MAX_RATIO * compressed)
 
 
 class _Input:
@@ -116,9 +132,12 @@ def check_header(fh: BinaryIO) -> None:
         raise GzipDamage("gzip: empty file")
 
 
-def decompress(fh: BinaryIO, sink: Callable[[bytes], None]) -> int:
+def decompress(fh: BinaryIO, sink: Callable[[bytes], None], limit: int | None = None) -> int:
     """Feed the content to `sink` chunk by chunk; its length. Raises GzipDamage as CPython's
-    gzip would raise BadGzipFile, EOFError or zlib.error."""
+    gzip would raise BadGzipFile, EOFError or zlib.error, and once the content passes `limit`
+    bytes (content_limit of the file's size by default): nothing past it is decompressed."""
+    if limit is None:
+        limit = content_limit(os.fstat(fh.fileno()).st_size)
     inp = _Input(fh)
     total = 0
     while _member_header(inp):
@@ -135,6 +154,9 @@ def decompress(fh: BinaryIO, sink: Callable[[bytes], None]) -> int:
             except zlib.error as exc:
                 raise GzipDamage(f"corrupt gzip data: {exc}") from None
             if out:
+                if total + n + len(out) > limit:
+                    raise GzipDamage(f"gzip content larger than {limit} bytes, {MAX_RATIO} times the file's size: "
+                                     "a decompression bomb, not a sample (decompression stopped there)")
                 crc = zlib.crc32(out, crc)
                 n += len(out)
                 sink(out)
@@ -197,7 +219,8 @@ class ZipStream:
         self.future: set[int] = set()  # points not reached yet
         self.open: dict[int, bytearray] = {}  # local headers still being read: offset -> bytes so far
         self.headers: dict[int, bytes] = {}  # complete local headers (30 bytes + name)
-        self.overflow = False
+        self.held = 0  # bytes in `open` and `headers`
+        self.overflow = False  # too much to keep (MAX_POINTS, MAX_HELD): torchzip is told Missing
 
     def __call__(self, out: bytes) -> None:
         first = self.crc_pos
@@ -214,6 +237,8 @@ class ZipStream:
             self._read_headers(buf, first)
             if len(self.future) + len(self.points) + len(self.open) > MAX_POINTS:
                 self.overflow = True
+            if self.overflow:
+                self.open.clear()  # (what was kept is still served; the CRC points are no longer)
         self._advance(buf, first, max(first, self.size - 3))
         if len(self.head) < KEEP:
             self.head += out[:KEEP - len(self.head)]
@@ -247,7 +272,12 @@ class ZipStream:
                 fixed = len(got) >= LOCAL.size  # the fixed part is in: the name length is known
                 want = LOCAL.size + (struct.unpack_from("<H", got, 26)[0] if fixed else 0)
                 at = start + len(got) - first
+                had = len(got)
                 got += buf[at:at + want - len(got)]
+                self.held += len(got) - had
+                if self.held > MAX_HELD:
+                    self.overflow = True  # (checked per header: one chunk can start 35,000 of them)
+                    return
                 if len(got) < want:
                     break  # the rest comes with a later chunk
                 if not fixed:
@@ -295,13 +325,15 @@ class ContentView:
         return None  # not asked: the gzip CRC already proves the content (see integrity.py)
 
 
-def spool(fh: BinaryIO) -> tuple[BinaryIO, int]:
-    """Decompress again into an unlinked temporary file (the rare content a ZipStream cannot
-    serve); the caller closes it."""
+def spool(fh: BinaryIO, limit: int | None = None) -> tuple[BinaryIO, int]:
+    """Decompress again (within the same bound) into an unnamed file in reconcile's state
+    directory (the rare content a ZipStream cannot serve); the caller closes it."""
+    from ...core.paths import spool_file
+
     fh.seek(0)
-    tmp = tempfile.TemporaryFile(prefix="reconcile-gz-")  # noqa: SIM115 - returned open to the caller
+    tmp = os.fdopen(spool_file(), "w+b")
     try:
-        size = decompress(fh, tmp.write)
+        size = decompress(fh, tmp.write, limit)
         tmp.flush()
     except BaseException:
         tmp.close()

@@ -48,6 +48,11 @@ SEARCH_BACK = 0xFFFF + EOCD.size
 TAIL = SEARCH_BACK + 2 * 4096
 MAX_VERSION = 10  # caffe2/serialize/versions.h kMaxSupportedFileFormatVersion (0xA)
 MAX_PICKLE = 64 * 2**20  # a sample's data.pkl is ~0.5 KiB
+# The central directory is read in one piece, as miniz reads it (mz_zip_reader_read_central_dir),
+# so its size is bounded by the file's own and by this: ~100 bytes an entry, room for 600,000
+# tensors (a sample holds a handful; a large model's state dict some thousands). miniz bounds it
+# by the file's size alone, which a sparse file makes as large as its end record says.
+MAX_CENTRAL = 64 * 2**20
 PAGE = 4096
 
 
@@ -162,6 +167,9 @@ def read_directory(src: Source) -> Directory:
                         f"in the file's {size} bytes")
     if n_total == 0:
         raise ZipDamage("the ZIP archive holds no entries")
+    if cd_size > MAX_CENTRAL:
+        raise ZipDamage(f"ZIP central directory of {cd_size} bytes ({n_total} entries): more than the "
+                        f"{MAX_CENTRAL} bytes a torch.save archive's is read to (not read)")
     cd = tail[cd_ofs - base:cd_ofs - base + cd_size] if cd_ofs >= base else src.read_at(cd_ofs, cd_size)
     entries = _central_entries(cd, n_total, disk, size)
     return _new(Directory, (entries, eocd, max(0, size - eocd - EOCD.size - comment), cd_ofs))

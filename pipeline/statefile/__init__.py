@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ...core.contract import Reconciler, Resource
+from ...core.paths import UnsafeOwnFile, check_state_dir
 from ...reconcilers import KINDS, key_of, reconciler_class, reconciler_for
 from . import cache
 from .errors import StateFileError
@@ -238,20 +239,29 @@ def validate(text: str, label: str) -> tuple[dict[str, Any], list[Found]]:
     return data, found_warnings
 
 
+def _unsafe_cache(exc: OSError) -> str:
+    return f"{exc} (reconcile keeps its state and validation cache only where no other user can write: " \
+           "see RECONCILE_STATE_DIR and RECONCILE_CACHE_DIR in docs/commands.md)"
+
+
 def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache: bool = True,
          on_kind: Callable[[Reconciler, list[Resource]], None] | None = None) -> LoadedState:
     """Read, validate (or trust the cache) and build the ordered resources. `text` (bytes: checked as
     UTF-8 with a position) stands in for the file's content, labelled `path` (a state sent on stdin)."""
     label = str(path)
     if text is None:
-        raw = read_bounded(str(path), label)
+        raw = read_bounded(str(path), label, own=True)  # what root applies: root's or the invoking user's
     else:
         raw = text.encode("utf-8", errors="surrogateescape") if isinstance(text, str) else text
         check_size(raw, label)
     text = decode(raw, label)
 
     digest = sha256(schema_fingerprint().encode() + b"\0" + raw).hexdigest()
-    entry = cache.read(digest) if use_cache else None
+    try:
+        check_state_dir()  # before any kind is built: the kinds keep their records there
+        entry = cache.read(digest) if use_cache else None
+    except UnsafeOwnFile as exc:
+        raise StateFileError([_unsafe_cache(exc)]) from None
     doc, found = entry if entry is not None else (None, [])
     built = None
     if doc is not None:
@@ -263,7 +273,10 @@ def load(path: str | os.PathLike, *, text: str | bytes | None = None, use_cache:
     if doc is None:
         doc, found = validate(text, label)
         if use_cache:
-            cache.write(digest, doc, found)
+            try:
+                cache.write(digest, doc, found)
+            except UnsafeOwnFile as exc:
+                raise StateFileError([_unsafe_cache(exc)]) from None
         built = build_resources(doc, on_kind)
     resources = order_resources(built)
     host = doc.get("host")

@@ -23,7 +23,8 @@ from . import kernel
 from .sources import resolve_source
 from .tables import by_id, find_fstab, mounts_at, parse_fstab, parse_mountinfo
 
-PROBE_PREFIX = ".reconcile-probe."  # name of the temporary file the write probe creates and removes
+PROBE_PREFIX = ".reconcile-probe."  # the write probe's file: this, then 24 random hex digits
+PROBE_TRIES = 3  # random names tried before the probe gives up (each taken one: EEXIST)
 ID_ATTEMPTS = 3  # the mount table changed between two mount-id answers: read it again
 
 
@@ -165,18 +166,38 @@ def probe_mount(req: dict[str, Any], out: IO[bytes]) -> None:
 
 
 def _write_probe(directory: str, prefix: str) -> dict[str, Any]:
-    name = os.path.join(directory, prefix + str(os.getpid()))
+    """Create, write, fsync and remove a file in the mount's root. Its name is random, made
+    O_CREAT|O_EXCL|O_NOFOLLOW relative to a descriptor of the root and removed by unlinkat on that
+    same descriptor: a file, symlink or FIFO anyone has put there under any name can neither take
+    the probe's place (turning the mount `blocked`) nor be written through, and no path is
+    resolved twice."""
+    name = prefix
     try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return {"writable": False, "write_error": f"{exc.strerror} ({directory})"}
+    try:
+        for _ in range(PROBE_TRIES):
+            name = prefix + os.urandom(12).hex()
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                             dir_fd=dfd)
+                break
+            except FileExistsError:
+                continue  # 96 random bits taken already: try another
+        else:
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST))
         try:
             os.write(fd, b"reconcile write probe\n")
             os.fsync(fd)
         finally:
             os.close(fd)
-            os.unlink(name)
+            os.unlink(name, dir_fd=dfd)
         return {"writable": True}
     except OSError as exc:
-        return {"writable": False, "write_error": f"{exc.strerror} ({name})"}
+        return {"writable": False, "write_error": f"{exc.strerror} ({os.path.join(directory, name)})"}
+    finally:
+        os.close(dfd)
 
 
 def _plain(obj: Any) -> Any:
