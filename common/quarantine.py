@@ -44,6 +44,21 @@ def _ours(where: str, st: os.stat_result) -> None:
         raise UnsafeTree(where, f"writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
 
 
+def refuse_planted(root: str, folder: str = QUARANTINE) -> None:
+    """UnsafeTree when ROOT (reached as usertree.chase_safe allows) holds a FOLDER that reconcile did
+    not make: a link, a file, a folder of another owner or writable by others. Observed, so the
+    resource is an error naming it before any apply would try to move something into it."""
+    with Tree.open(root) as t:
+        try:
+            st = os.stat(folder, dir_fd=t.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+    where = os.path.join(root, folder)
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeTree(where, "a symbolic link: a quarantine folder reconcile did not make")
+    _ours(where, st)
+
+
 def open_folder(tree: Tree, folder: str = QUARANTINE) -> Tree:
     """TREE's quarantine folder, made with mkdirat if missing, checked if present, held by fd."""
     try:

@@ -41,6 +41,7 @@ from typing import Any
 POINTER_LIMIT = 4096  # DeepSpeed's `latest`, Megatron's tracker: a tag or a number
 JSON_LIMIT = 16 << 20  # trainer_state.json of a long run is a few MiB; an index.json of shards, less
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+DIR_FLAGS = _DIR  # a folder of the tree: opened with no link followed, never blocking
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 # openat2(2): include/uapi/linux/openat2.h; the syscall number is 437 on every architecture
@@ -154,6 +155,75 @@ def _open_one(dir_fd: int, name: str, flags: int, rel: str) -> int:
         raise
 
 
+_MAXSYMLINKS = 40  # the kernel's own limit on links in one lookup (fs/namei.c)
+_PATH = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _unsafe_transition(a: os.stat_result, b: os.stat_result) -> bool:
+    """systemd src/basic/chase.c unsafe_transition(): from a root-owned place any step is safe;
+    from anyone else's, only to what the same uid owns."""
+    return a.st_uid != 0 and a.st_uid != b.st_uid
+
+
+def chase_safe(path: str) -> int:
+    """An O_RDONLY|O_DIRECTORY fd of PATH, resolved one component at a time from `/` with O_PATH
+    and no link followed by the kernel: systemd's chase() with CHASE_SAFE (src/basic/chase.c,
+    "Detected unsafe path transition"). A link is followed by hand only if the directory holding
+    it is root's or the link's owner's, an absolute link only if that owner is root (it restarts
+    at `/`), and `..` only into a directory of the same owner (or out of root's): a user's link
+    or `..` never leads root into a place the user does not own. Every step is taken from the fd
+    the previous one gave: nothing is re-resolved, so a name swapped meanwhile changes nothing."""
+    full = os.path.abspath(path)
+    todo = [p for p in full.split("/") if p not in ("", ".")]
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    root_st = os.fstat(root)
+    cur, st, links = os.dup(root), root_st, 0
+    try:
+        while todo:
+            name = todo.pop(0)
+            try:
+                nxt = os.open(name, _PATH | (os.O_DIRECTORY if name == ".." else 0), dir_fd=cur)
+            except OSError as exc:
+                raise OSError(exc.errno, exc.strerror, path) from None
+            nst = os.fstat(nxt)
+            if name == ".." and _unsafe_transition(st, nst):
+                os.close(nxt)
+                raise UnsafeTree(path, f"unsafe path transition: `..` out of a directory of uid {st.st_uid} "
+                                       f"into one of uid {nst.st_uid}")
+            if not stat.S_ISLNK(nst.st_mode):
+                os.close(cur)
+                cur, st = nxt, nst
+                continue
+            try:
+                links += 1
+                if links > _MAXSYMLINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+                sticky = st.st_mode & stat.S_ISVTX and st.st_mode & stat.S_IWOTH
+                if _unsafe_transition(st, nst) or (sticky and nst.st_uid not in (0, st.st_uid)):
+                    # the second: the kernel's protected_symlinks (fs/namei.c may_follow_link), which
+                    # a walk by hand would otherwise bypass: a user's link in /tmp is not root's to follow
+                    raise UnsafeTree(path, f"unsafe path transition: {name!r} is a link of uid {nst.st_uid} "
+                                           f"in a directory of uid {st.st_uid}")
+                target = os.readlink("", dir_fd=nxt)  # readlinkat(2) on the O_PATH fd: this very link
+            finally:
+                os.close(nxt)
+            if target.startswith("/"):
+                if _unsafe_transition(nst, root_st):
+                    raise UnsafeTree(path, f"unsafe path transition: {name!r}, a link of uid {nst.st_uid}, "
+                                           f"names {target!r} (from a user's link into root's tree: declare the "
+                                           "directory it names instead)")
+                os.close(cur)
+                cur, st = os.dup(root), root_st
+            todo[:0] = [p for p in target.split("/") if p not in ("", ".")]
+        try:
+            return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=cur)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, path) from None
+    finally:
+        os.close(cur)
+        os.close(root)
+
+
 @dataclass(frozen=True)
 class Entry:
     """One name in a directory, as lstat sees it (a link is a link, never what it names)."""
@@ -181,9 +251,10 @@ class Tree:
     @classmethod
     def open(cls, path: str) -> Tree:
         """The declared root. Its own path is the administrator's (it may pass through a link such
-        as /data -> /mnt/nvme, written in the state file by root); only below it is the user's."""
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
-        return cls(fd, path)
+        as /data -> /mnt/nvme, written in the state file by root); a link on it is followed only
+        where that is a safe path transition (`chase_safe`): never a user's link into a place of
+        root's or another user's (a run directory that is a link the user made to /etc is refused)."""
+        return cls(chase_safe(path), path)
 
     def __enter__(self) -> Tree:
         return self
@@ -439,3 +510,12 @@ def read_in(folder: str, name: str, limit: int) -> bytes:
     parent, base = os.path.split(os.path.normpath(folder))
     with Tree.open(parent or ".") as t:
         return t.read_bounded(f"{base}/{name}", limit)
+
+
+def open_file(path: str) -> int:
+    """A read-only fd of the regular file PATH in a user's tree (a checkpoint's file): its folder
+    reached as `chase_safe` allows, the file itself opened with no link followed, never blocking,
+    and fstat'ed as a regular file (else UnsafeTree). The caller closes it."""
+    parent, base = os.path.split(os.path.abspath(path))
+    with Tree(chase_safe(parent), parent) as t:
+        return t.open_regular(base)

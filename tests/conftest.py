@@ -111,6 +111,8 @@ LANE_OF_FILE = {
     "test_statefile_limits.py": "pure",
     "test_startup_imports.py": "pure",  # the tests with the fake GPU driver are marked system
     "test_units.py": "system",
+    "test_usertree.py": "pure",
+    "test_usertree_adversarial.py": "system",
     "test_units_differential.py": "system",
     "test_units_plan.py": "pure",
     "test_units_trust.py": "system",

@@ -31,7 +31,7 @@ from stat import S_ISLNK
 from ...common.filechecks.integrity import CONTENT, STRUCTURE, check_path
 from ...common.filechecks.torchzip import check_torch_zip
 from ...common.quarantine import QUARANTINE
-from ...common.usertree import JSON_LIMIT, Tree, UnsafeTree, read_in
+from ...common.usertree import JSON_LIMIT, Tree, UnsafeTree, open_file, read_in
 from .observed import StepObserved
 
 HF_DIR = re.compile(r"^checkpoint-(\d+)$")  # transformers trainer_utils._re_checkpoint
@@ -75,7 +75,7 @@ def file_check(path: str, depth: str) -> tuple[bool, str]:
         if not s.whole:
             return False, s.reason or s.state
         try:
-            with zipfile.ZipFile(path) as z:
+            with os.fdopen(open_file(path), "rb") as fh, zipfile.ZipFile(fh) as z:  # no link followed
                 bad = z.testzip()
         except (OSError, zipfile.BadZipFile, EOFError, ValueError) as exc:
             return False, f"{type(exc).__name__}: {exc}"[:200]
@@ -364,15 +364,22 @@ def pl_steps(root: str, names: list[str], depth_of: Callable[[str], str]) -> lis
     return out
 
 
+PICKLE_LIMIT = 64 << 20  # a Lightning checkpoint's data.pkl: keys, hyperparameters, loop state (a few MiB)
+
+
 def _global_step(path: str) -> int | None:
     """The top-level `global_step` of a Lightning checkpoint's pickle, read with pickletools (no
     object is built, nothing executed): the first BINUNICODE 'global_step' followed by an int."""
     try:
-        with zipfile.ZipFile(path) as z:
-            name = next((i for i in z.namelist() if i.endswith("/data.pkl") or i == "data.pkl"), None)
-            if name is None:
+        with os.fdopen(open_file(path), "rb") as fh, zipfile.ZipFile(fh) as z:  # no link followed
+            info = next((i for i in z.infolist() if i.filename.endswith("/data.pkl") or i.filename == "data.pkl"),
+                        None)
+            if info is None or info.file_size > PICKLE_LIMIT:
+                return None  # the step then comes from the file's name
+            with z.open(info) as member:
+                data = member.read(PICKLE_LIMIT + 1)
+            if len(data) > PICKLE_LIMIT:
                 return None
-            data = z.read(name)
         prev = None
         for op, arg, _ in pickletools.genops(data):
             if op.name in ("BINPUT", "LONG_BINPUT", "MEMOIZE"):
@@ -435,14 +442,18 @@ def _dcp_items(d: str, depth: str) -> str:
             return f".metadata names {rel!r}, outside the checkpoint"
         path = os.path.join(d, rel)
         try:
-            size = os.stat(path).st_size
+            size = os.stat(path, follow_symlinks=False).st_size
         except FileNotFoundError:
             return f"{rel}: missing (named by .metadata)"
         end = max(o + n for o, n in spans)
         if size < end:
             return f"{rel}: {size} bytes, .metadata names items up to byte {end} (truncated)"
         if depth == CONTENT:
-            with open(path, "rb") as fh:
+            try:
+                fh = os.fdopen(open_file(path), "rb")  # no link followed, no FIFO or device opened
+            except UnsafeTree as exc:
+                return str(exc)
+            with fh:
                 for off, n in sorted(set(spans)):
                     fh.seek(off)
                     try:  # as torch.load would read it: the extraction kind's torch.save check

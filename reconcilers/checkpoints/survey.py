@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...common.filechecks.integrity import CONTENT, STRUCTURE
-from ...common.quarantine import QUARANTINE
+from ...common.quarantine import QUARANTINE, refuse_planted
 from . import accelerate as A
 from . import layouts as L
 from . import records
@@ -49,6 +49,7 @@ EMPTY_PICK = {
 def survey(spec: dict[str, Any], beat: Callable[[], None] | None = None) -> CheckpointsObserved:
     root, layout = spec["dir"], spec.get("layout")
     try:
+        refuse_planted(root)  # the declared root reached safely, its quarantine folder reconcile's own
         names = sorted(n for n in os.listdir(root) if n != QUARANTINE)
     except FileNotFoundError:
         return CheckpointsObserved(dir=root, layout=layout or "unknown", detected=not layout, exists=False)

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 from ...common import systemd
 from ...common.filechecks.verdicts import CONTENT, STAT, STRUCTURE, UNPROVEN, UNREADABLE
+from ...common.quarantine import refuse_planted
+from ...common.usertree import UnsafeTree
 from ...core.atomic import write_json
 from ...core.boot import boot_id
 from ...core.contract import (
@@ -187,6 +189,8 @@ class ExtractionsReconciler(Reconciler):
                 out[r.id] = self._observe_files(r, job, host.heartbeat, getattr(host, "progress", None))
             except ObserveError as exc:
                 out[r.id] = exc
+            except UnsafeTree as exc:  # a link or a planted quarantine where reconcile would act
+                out[r.id] = ObserveError(str(exc))
             except OSError as exc:
                 out[r.id] = ObserveError(f"cannot read {exc.filename or r.spec['dir']}: {exc.strerror}")
         return out
@@ -201,6 +205,7 @@ class ExtractionsReconciler(Reconciler):
         raw = load_json(state_path)
         record = CheckRecord.parse(raw, key)
         try:
+            refuse_planted(root)  # the declared root reached safely, its quarantine folder reconcile's own
             listing = list_tree(root, spec["pattern"], record.dirs if record else None, beat)
             exists = True
         except FileNotFoundError as exc:
@@ -487,7 +492,7 @@ def _unchanged_recent(root: str, listing: Listing, present: list[tuple[int, int]
             continue
         for f in known:
             try:
-                st = os.stat(os.path.join(root, f.rel))
+                st = os.stat(os.path.join(root, f.rel), follow_symlinks=False)  # a link swapped in: changed
             except OSError:
                 reread.add(idx)
                 break

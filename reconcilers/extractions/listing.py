@@ -281,9 +281,11 @@ def list_tree(root: str, pattern: str, cache: dict[str, Any] | None = None,
                 return
             rx = regexes[level]
             with os.scandir(path) as it:
-                # entry.is_dir() comes from readdir's d_type: no stat.
+                # entry.is_dir() comes from readdir's d_type: no stat. A link is never a folder of
+                # the tree (the user's tree: a link to a folder elsewhere is not walked into).
                 subdirs = [(e.path, e.name) for e in it
-                           if e.name != QUARANTINE and rx.fullmatch(e.name) and e.is_dir()]
+                           if e.name != QUARANTINE and rx.fullmatch(e.name)
+                           and e.is_dir(follow_symlinks=False)]
         except FileNotFoundError:
             if level == 0:
                 raise

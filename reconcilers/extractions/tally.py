@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
 
-from ...common.filechecks.verdicts import CONTENT, GONE, STRUCTURE, UNPROVEN, Verdict
+from ...common.filechecks.verdicts import CONTENT, GONE, STRUCTURE, UNPROVEN, UNREADABLE, Verdict
 from .ranges import normalize, size, to_ranges
 
 if TYPE_CHECKING:
@@ -39,6 +39,9 @@ POOL_MIN_BYTES = 64 * 2**20
 CHUNK = 512  # indices per task at most (a few milliseconds of structural checks)
 CONTENT_TASK_BYTES = 16 * 2**20  # bytes read whole per task in phase 2, about
 PRUNE_AT = 4096  # held files before the observer adds up those that have turned out old
+
+
+REFUSED = -2  # a folder's fd in Check's table: not entered (see Check.refused)
 
 
 class Held(NamedTuple):
@@ -79,6 +82,7 @@ class Check:
 
     def __init__(self, root: str, listing: Listing, depth: str, reread: set[int]):
         self.root, self.listing, self.depth, self.reread = root, listing, depth, reread
+        self.refused: dict[str, str] = {}  # folder -> why it was not entered (a link, a special file)
 
     @cached_property
     def check_path(self) -> Callable[..., Verdict]:
@@ -139,8 +143,8 @@ class Check:
                     if v.no_crc and (not no_crc or no_crc[-1] != idx):
                         no_crc.append(idx)
         finally:
-            for fd in dirs.values():
-                if fd is not None:
+            for fd in set(dirs.values()):
+                if fd is not None and fd >= 0:
                     os.close(fd)
         top_known = newest if since is None or (newest is not None and newest > since) else since
         recent_from = None if top_known is None else top_known - RECENT_WINDOW
@@ -163,24 +167,50 @@ class Check:
         """check_path, opening the file relative to its directory, kept open for the task."""
         head, _, name = rel.rpartition("/")
         if head not in dirs:
-            try:
-                dirs[head] = os.open(os.path.join(self.root, head), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
-                dirs[head] = None
+            # The user's tree: each folder opened once, beneath the root's fd with no link followed
+            # (common/usertree.py), so a folder swapped for a link after the listing is not entered.
+            # Once per folder, not per file: imported here, not with the kind.
+            from ...common.usertree import DIR_FLAGS, UnsafeTree, chase_safe, open_beneath
+
+            for rel_dir in ("", head) if "" not in dirs and head else (head,):
+                try:
+                    base = dirs.get("")
+                    if not rel_dir:
+                        fd = chase_safe(self.root)
+                    elif base is None or base == REFUSED:
+                        fd = base
+                        if base == REFUSED:
+                            self.refused[rel_dir] = self.refused[""]
+                    else:
+                        fd = open_beneath(base, rel_dir, DIR_FLAGS)
+                except FileNotFoundError:
+                    fd = None  # gone since the listing
+                except OSError as exc:  # a link, a special file (UnsafeTree), or not readable
+                    fd, self.refused[rel_dir] = REFUSED, str(exc) if isinstance(exc, UnsafeTree) \
+                        else f"{os.path.join(self.root, rel_dir)}: {exc.strerror}"
+                dirs[rel_dir] = fd
         fd = dirs[head]
-        if fd is None:
-            return self.check_path(os.path.join(self.root, rel), depth)
+        if fd == REFUSED:
+            return Verdict(UNREADABLE, f"unreadable: {self.refused[head]}", depth)
+        if fd is None:  # gone since the listing: never a path walked again instead
+            return Verdict(GONE, depth=depth)
         return self.check_path(name, depth, dir_fd=fd)
 
     def content(self, items: list[tuple[int, str]], tick: Callable[[int], None],
                 _since: float | None = None) -> list[tuple[int, Verdict]]:
         """Phase 2: these files read whole (n, their verdict); gone ones left out."""
         out = []
-        for n, rel in items:
-            v = self.check_path(os.path.join(self.root, rel), CONTENT)
-            tick(1)
-            if v.state != GONE:
-                out.append((n, v))
+        dirs: dict[str, int | None] = {}
+        try:
+            for n, rel in items:
+                v = self._check(rel, CONTENT, dirs)  # relative to its folder's fd, as in phase 1
+                tick(1)
+                if v.state != GONE:
+                    out.append((n, v))
+        finally:
+            for fd in set(dirs.values()):
+                if fd is not None and fd >= 0:
+                    os.close(fd)
         return out
 
 
