@@ -126,6 +126,7 @@ def spool_file() -> int:
     """A read-write descriptor of a new, unnamed file in spool_dir() (O_TMPFILE: nothing to
     clean up, no name another process could open), or, where the filesystem lacks O_TMPFILE, a
     random name made O_EXCL|O_NOFOLLOW and unlinked at once. The caller closes it."""
+    os.close(own_dir(state_dir()))  # (made 0700 too when missing, not as spool's parent by makedirs)
     dfd = own_dir(spool_dir())
     try:
         try:

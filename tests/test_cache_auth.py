@@ -11,7 +11,6 @@ import json
 import os
 
 import pytest
-
 from reconcile_host.core.paths import UnsafeOwnFile
 from reconcile_host.pipeline.statefile import StateFileError, cache, load
 

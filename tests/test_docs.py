@@ -148,7 +148,10 @@ def test_yaml_block_is_a_valid_state_file_or_inventory(block: Block, tmp_path):
                          "make it one, or mark it <!-- fragment -->")
     path.write_text(block.text if "version" in doc else "version: 1\n" + block.text)
     proc = subprocess.run([str(ROOT / ".venv" / "bin" / "reconcile"), "validate", str(path)], capture_output=True,
-                          text=True, env=user_env(tmp_path, ROOT), cwd=tmp_path, timeout=120)
+                          text=True, cwd=tmp_path, timeout=120,
+                          # (as root the defaults are the machine's /var/cache and /var/lib/reconcile)
+                          env={**user_env(tmp_path, ROOT), "RECONCILE_CACHE_DIR": str(tmp_path / "cache"),
+                               "RECONCILE_STATE_DIR": str(tmp_path / "state")})
     assert proc.returncode == 0, f"{block.where}: reconcile validate says\n{proc.stderr}\n---\n{path.read_text()}"
     assert "warning:" not in proc.stderr, f"{block.where}: write the current spellings\n{proc.stderr}"
 

@@ -129,7 +129,6 @@ def test_a_content_read_twice_is_spooled_in_the_state_directory(tmp_path, monkey
     # A whole sample whose stream keeps nothing but its ends (MAX_HELD 0: every local header is
     # too much), so its CRCs must be read from a second decompression, into a file.
     from fake_extract import ckpt_bytes
-
     from reconcile_host.core import paths
 
     path = tmp_path / "data_3.ckpt.gz"

@@ -16,7 +16,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from reconcile_host.reconcilers.mounts.probe import PROBE_PREFIX, _write_probe
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
@@ -223,3 +222,11 @@ def test_journal_lock_and_cache_are_private(tmp_path):
     assert {str(p): stat.S_IMODE(p.stat().st_mode) for p in made} == {str(p): 0o600 for p in made}
     dirs = [journal.parent, tmp_path / "state", tmp_path / "cache", tmp_path / "cache" / "validated"]
     assert {str(p): stat.S_IMODE(p.stat().st_mode) for p in dirs} == {str(p): 0o700 for p in dirs}
+
+
+def test_as_root_under_sudo_the_invoking_users_own_state_file_is_theirs_to_give(shared, user, tmp_path):
+    as_user(user, f"cat > theirs.yaml <<'EOF'\n{STATE}EOF\n", shared)
+    theirs = shared / "theirs.yaml"
+    assert run(tmp_path, "diff", str(theirs), SUDO_UID=str(user)).returncode == 0  # sudo says who ran it
+    line = one_line_refusal(run(tmp_path, "diff", str(theirs), SUDO_UID=str(user + 1)))
+    assert line.startswith(f"{theirs}:1:1: file owned by uid {user}, not by root:")

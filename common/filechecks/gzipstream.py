@@ -155,8 +155,9 @@ def decompress(fh: BinaryIO, sink: Callable[[bytes], None], limit: int | None = 
                 raise GzipDamage(f"corrupt gzip data: {exc}") from None
             if out:
                 if total + n + len(out) > limit:
-                    raise GzipDamage(f"gzip content larger than {limit} bytes, {MAX_RATIO} times the file's size: "
-                                     "a decompression bomb, not a sample (decompression stopped there)")
+                    raise GzipDamage(f"gzip content larger than {limit} bytes, the most a file of this size may hold "
+                                     f"({MAX_RATIO} times its size, at least {MIN_LIMIT >> 20} MiB): a decompression "
+                                     "bomb, not a sample (decompression stopped there)")
                 crc = zlib.crc32(out, crc)
                 n += len(out)
                 sink(out)
