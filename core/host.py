@@ -95,8 +95,9 @@ class Host(Protocol):
         """hostname, machine_id, boot_id; what cannot be read is None."""
         ...
 
-    def signal(self, pid: int, sig: int) -> None:
-        """Signal a process; refuses PID 1 and reconcile itself."""
+    def signal(self, pid: int, sig: int, starttime: int | None = None) -> None:
+        """Signal a process; refuses PID 1 and reconcile itself. With STARTTIME (/proc/PID/stat
+        field 22), only the process that started then (else ProcessLookupError)."""
         ...
 
     def pid_alive(self, pid: int) -> bool: ...

@@ -405,11 +405,33 @@ class LocalHost:
                 "machine_id": _first_line(os.environ.get("RECONCILE_MACHINE_ID_FILE") or "/etc/machine-id"),
                 "boot_id": boot_id()}
 
-    def signal(self, pid: int, sig: int) -> None:
+    def signal(self, pid: int, sig: int, starttime: int | None = None) -> None:
+        """Signal PID; with STARTTIME (/proc/PID/stat field 22), only the process that started then:
+        ProcessLookupError when PID is gone or now names another process.
+
+        Through a pidfd (pidfd_open(2), Linux 5.3; pidfd_send_signal(2), 5.1): the fd pins the
+        process, so the start time read after opening it is that process's, and the signal cannot
+        reach a stranger that took the PID in between (kill(2) by number can). Where the kernel or
+        Python lacks them, kill(2) right after the same check: the window is the two calls'."""
         # The last line of defence for "never PID 1, never ourselves", whatever a plan says.
         if pid <= 1 or pid == os.getpid() or pid == os.getppid():
             raise PermissionError(f"refusing to signal pid {pid}")
-        os.kill(pid, sig)
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError) as exc:
+            if isinstance(exc, ProcessLookupError):
+                raise
+            fd = -1  # no pidfd here (ENOSYS, an old Python): kill(2) below
+        try:
+            if starttime is not None and _starttime(pid) != starttime:
+                raise ProcessLookupError(f"pid {pid} is no longer the process that started at {starttime}")
+            if fd >= 0 and hasattr(signal, "pidfd_send_signal"):
+                signal.pidfd_send_signal(fd, sig)
+            else:
+                os.kill(pid, sig)
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def pid_alive(self, pid: int) -> bool:
         try:
@@ -427,6 +449,19 @@ class LocalHost:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+
+def _starttime(pid: int) -> int | None:
+    """/proc/PID/stat's starttime (field 22: clock ticks after boot), None when PID is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    try:
+        return None if fields[0] in ("Z", "X") else int(fields[19])
+    except (IndexError, ValueError):
+        return None
 
 
 def _first_line(path: str) -> str | None:

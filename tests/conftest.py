@@ -63,6 +63,7 @@ LANE_OF_FILE = {
     "test_gpus_boot.py": "system",
     "test_gpus_containers.py": "system",
     "test_gpus_corpus.py": "reference",
+    "test_gpus_exemptions.py": "system",
     "test_gpus_kernel_log.py": "system",
     "test_gpus_nvml.py": "system",
     "test_gpus_nvml_lists.py": "system",

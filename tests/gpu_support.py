@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 FAKE_SRC = tuple(HERE / "fakenvml" / f for f in ("fakenvml.c", "fakenvml_procs.c", "fakenvml_more.c",
@@ -269,13 +270,25 @@ class Holders:
     def __init__(self):
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, name: str, tag: str, hold: Path | None = None, ignore_term: bool = False) -> subprocess.Popen:
-        argv = [sys.executable, str(HOLDER), name, tag]
-        if hold is not None:
+    def start(self, name: str, tag: str, hold: Path | None = None, ignore_term: bool = False,
+              program: Path | None = None, user: int | None = None) -> subprocess.Popen:
+        """NAME: the process name it sets (comm); PROGRAM: the file it runs (a copy of Python, see
+        program_copy; default this Python); USER: the uid it runs as (it then holds HOLD through
+        its stdin, opened here: the test's folders are root's alone)."""
+        argv = [str(program or sys.executable), str(HOLDER), name, tag]
+        stdin: Any = subprocess.DEVNULL
+        if hold is not None and user is None:
             argv += ["--hold", str(hold)]
+        elif hold is not None:
+            stdin = open(hold, "rb")  # noqa: SIM115 - closed below, once the child has its copy
         if ignore_term:
             argv.append("--ignore-term")
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        ids: dict[str, Any] = {} if user is None else {"user": user, "group": user, "extra_groups": []}
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=stdin, text=True, **ids)
+        finally:
+            if stdin is not subprocess.DEVNULL:
+                stdin.close()
         self.procs.append(proc)
         line = proc.stdout.readline()  # "ready": the name is set and the file is held
         assert line.strip() == "ready", f"holder {name} did not start: {line!r}"
@@ -288,6 +301,17 @@ class Holders:
             proc.wait(timeout=10)
             if proc.stdout:
                 proc.stdout.close()
+
+
+def program_copy(directory: Path, name: str, owner: int = 0) -> Path:
+    """A copy of the Python running the tests at DIRECTORY/NAME (mode 0755), owned by OWNER: a
+    program of that name, installed by root (owner 0, in root's folders) or by a user. Python finds
+    its standard library by its compiled-in prefix, wherever the copy lies."""
+    path = directory / name
+    shutil.copyfile(os.path.realpath(sys.executable), path)
+    os.chmod(path, 0o755)
+    os.chown(path, owner, owner)
+    return path
 
 
 def proc_alive(pid: int) -> bool:

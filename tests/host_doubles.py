@@ -57,7 +57,7 @@ class ScriptedHost:
     def machine(self) -> dict[str, str | None]:
         return {"hostname": self.name, "machine_id": None, "boot_id": None}
 
-    def signal(self, pid: int, sig: int) -> None:
+    def signal(self, pid: int, sig: int, starttime: int | None = None) -> None:
         raise AssertionError(f"a scripted host signals nothing (pid {pid}, signal {sig})")
 
     def pid_alive(self, pid: int) -> bool:

@@ -108,6 +108,18 @@ CGROUPS = [
     ("a unit", "0::/system.slice/vllm.service\n", None),
     ("conmon", f"0::/machine.slice/libpod-conmon-{ID}.scope\n", None),
     ("extra v1 hierarchies first", f"18:net_cls,net_prio:/\n4:memory:/docker/{ID}\n", ("docker", ID)),
+    ("a process in a cgroup below its container's", f"0::/system.slice/docker-{ID}.scope/init\n", ("docker", ID)),
+    # A cgroup of any name a user makes in their delegated subtree is theirs, not an engine's.
+    ("a user's delegated docker-<id>.scope",
+     f"0::/user.slice/user-1000.slice/user@1000.service/app.slice/docker-{ID}.scope\n", None),
+    ("a user's delegated libpod scope",
+     f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope\n", None),
+    ("a docker-<id>.scope inside a service", f"0::/system.slice/vllm.service/docker-{ID}.scope\n", None),
+    ("a /docker/<id> inside a user's session", f"0::/user.slice/user-1000.slice/session-3.scope/docker/{ID}\n", None),
+    ("a libpod payload in a user's manager",
+     f"0::/user.slice/user-1000.slice/user@1000.service/x.service/libpod-payload-{ID}\n", None),
+    # Docker in docker: the host's engine created the outer one, and can stop only that.
+    ("docker in docker", f"0::/docker/{ID}/docker/{'b' * 64}\n", ("docker", ID)),
 ]
 
 

@@ -103,7 +103,8 @@ def test_allowed_holder_not_counted(tmp_path, fake_lib, holders):
     tag = gs.new_tag()
     config = gs.FakeConfig(gpus=gs.seed_gpus(2), holders=[gs.FakeHolder(mib=18000, gpus=[0, 1], cmdline=tag)]
                            ).write(tmp_path / "nvml.conf")
-    extraction = holders.start("eagle3-extract", tag)
+    # `allow`'s name globs match the program a process runs, installed by root: a copy here.
+    extraction = holders.start("eagle3-extract", tag, program=gs.program_copy(tmp_path, "eagle3-extract"))
     state = write_state(tmp_path, """
         gpus:
           count: 2
@@ -134,7 +135,9 @@ def test_device_file_holder_hidden_from_nvml_is_found(tmp_path, fake_lib, holder
     config = gs.FakeConfig(gpus=gs.seed_gpus(2), holders=[gs.FakeHolder(mib=40000, gpus=[1], cmdline=tag,
                                                                         hidden=True)]).write(tmp_path / "nvml.conf")
     hidden = holders.start("vllm-worker", tag, hold=devdir / "nvidia1")
-    monitor = holders.start("nvidia-smi", gs.new_tag(), hold=devdir / "nvidia0")  # never a holder
+    # nvidia-smi as root installs it (its program, in root's folders): never a holder
+    monitor = holders.start("nvidia-smi", gs.new_tag(), hold=devdir / "nvidia0",
+                            program=gs.program_copy(tmp_path, "nvidia-smi"))
     state = write_state(tmp_path, """
         gpus:
           max_memory_used: 0MiB

@@ -120,7 +120,7 @@ def test_process_in_both_lists_is_counted_once(tmp_path, fake_lib, holders):
     config = gs.FakeConfig(gpus=gs.seed_gpus(1), holders=[
         gs.FakeHolder(mib=10000, gpus=[0], cmdline=allowed_tag, both=True),
         gs.FakeHolder(mib=10000, gpus=[0], cmdline=other_tag, hidden=True)]).write(tmp_path / "nvml.conf")
-    mine = holders.start("eagle3-extract", allowed_tag)
+    mine = holders.start("eagle3-extract", allowed_tag, program=gs.program_copy(tmp_path, "eagle3-extract"))
     holders.start("someone-else", other_tag)
     lists = pynvml(fake_lib, config, """
         h = n.nvmlDeviceGetHandleByIndex(0)

@@ -5,6 +5,7 @@ Xid catalogue: test_gpus_xid.py; real nvidia-smi captures: test_gpus_corpus.py.)
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 from reconcile_host.core.contract import Context, Resource
@@ -130,8 +131,22 @@ def test_allowed_holders_not_counted():
     drift, plan, status = assess(resource(**SPEC), obs)
     assert drift == [] and status.value == "ok" and plan.message == ""
     by_name = resource(**{**SPEC, "allow": ["eagle3*"]})
-    obs = observed(gpus(1, used_mib=1000), [holder(5, "eagle3-extract", 1000, [0])])
-    assert assess(by_name, obs)[0] == []
+    installed = replace(holder(5, "python3", 1000, [0]), path="/usr/local/bin/eagle3-extract")
+    assert assess(by_name, observed(gpus(1, used_mib=1000), [installed]))[0] == []
+    by_path = resource(**{**SPEC, "allow": ["/usr/local/bin/eagle3-*"]})
+    assert assess(by_path, observed(gpus(1, used_mib=1000), [installed]))[0] == []
+
+
+def test_a_name_a_process_gives_itself_is_never_allowed():
+    """comm and argv[0] are what the process says it is: `allow` trusts only the program it runs
+    when root put it there (Holder.path, procfs.trusted_exe; "" for a user's copy)."""
+    by_name = resource(**{**SPEC, "allow": ["eagle3*", "nvidia-smi"]})
+    for name in ("eagle3-extract", "nvidia-smi"):
+        obs = observed(gpus(1, used_mib=1000), [holder(5, name, 1000, [0])])  # no trusted path
+        drift, _, status = assess(by_name, obs)
+        assert [d.field for d in drift] == ["gpu0.memory_used"] and status.value != "ok", name
+    elsewhere = replace(holder(5, "eagle3-extract", 1000, [0]), path="/home/u/bin/other")
+    assert assess(by_name, observed(gpus(1, used_mib=1000), [elsewhere]))[0] != []
 
 
 def test_memory_nobody_visible_holds_is_blocked():

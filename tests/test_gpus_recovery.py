@@ -156,7 +156,7 @@ def test_an_allowed_holder_blocks_the_reset_naming_it(tmp_path, fake_lib, holder
     tag = gs.new_tag()
     rig = Rig(tmp_path, fake_lib, gpus())
     gs.FakeConfig(gpus=gpus(ecc_volatile=1), holders=[gs.FakeHolder(mib=4000, gpus=[1], cmdline=tag)]).write(rig.config)
-    server = holders.start("vllm-server", tag)
+    server = holders.start("vllm-server", tag, program=gs.program_copy(tmp_path, "vllm-server"))
     code, report = rig.run("apply", state(extra="  allow: ['vllm*']\n"))
     assert code == 2 and report["status"] == "blocked"
     assert f"cannot be reset while {server.pid} (vllm-server)" in report["message"]

@@ -1,9 +1,10 @@
 """Which container a process runs in, from /proc/PID/cgroup (the kernel's answer, whatever the
 engine's PID namespace: a podman in another PID namespace reports PIDs this /proc does not have).
 
-The cgroup path names the container: `/docker/<id>` and `/libpod_parent/libpod-<id>` (the cgroupfs
-driver), `docker-<id>.scope` and `libpod-<id>.scope` (the systemd driver), `libpod-payload-<id>`
-(podman's `--cgroups=split`, inside the unit that runs it). Containers add cgroup v1 hierarchies
+The cgroup path names the container, only where the engine itself puts it: `/docker/<id>` and
+`/libpod_parent/libpod-<id>` (the cgroupfs driver), `/system.slice/docker-<id>.scope` and
+`/machine.slice/libpod-<id>.scope` (the systemd driver), `libpod-payload-<id>` (podman's
+`--cgroups=split`, inside the system service that runs it). Containers add cgroup v1 hierarchies
 until reboot, so no fixed set of lines is assumed: every line is looked at.
 """
 
@@ -13,26 +14,34 @@ import os
 import re
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-# One path component: ENGINE-ID[.scope], libpod-payload-ID, or a bare ID under /docker/.
-_COMPONENT = re.compile(r"^(?:(docker|libpod)-(?:payload-)?)?([0-9a-f]{64})(?:\.scope)?$")
+# The cgroups the engines themselves create, as whole paths from the hierarchy's root (a process
+# may sit in a cgroup below its container's own). Nothing else counts: a user may create a cgroup
+# of any name in their delegated subtree (user@UID.service, systemd.resource-control(5)
+# Delegate=), `docker-<id>.scope` included, and must not be taken for that container.
+# - docker, cgroupfs driver: /docker/<id> (moby daemon/oci cgroupsPath "/docker/<id>");
+#   systemd driver: /system.slice/docker-<id>.scope (moby's "system.slice:docker:<id>");
+# - podman, cgroupfs: /libpod_parent/libpod-<id>; systemd: /machine.slice/libpod-<id>.scope;
+#   --cgroups=split: libpod-payload-<id> inside the system service that runs it.
+_ENGINE_PATHS = (
+    ("docker", re.compile(r"/docker/([0-9a-f]{64})(?:/.*)?")),
+    ("docker", re.compile(r"/system\.slice/docker-([0-9a-f]{64})\.scope(?:/.*)?")),
+    ("podman", re.compile(r"/libpod_parent/libpod-([0-9a-f]{64})(?:/.*)?")),
+    ("podman", re.compile(r"/machine\.slice/libpod-([0-9a-f]{64})\.scope(?:/.*)?")),
+    ("podman", re.compile(r"/system\.slice/(?!user@)[^/]+\.service/libpod-payload-([0-9a-f]{64})(?:/.*)?")),
+)
 
 
 def container_of_cgroup(text: str) -> tuple[str, str] | None:
-    """(engine, 64-hex id) of the container a /proc/PID/cgroup text names, or None."""
+    """(engine, 64-hex id) of the container a /proc/PID/cgroup text names, or None: only from a
+    path the engine itself creates (_ENGINE_PATHS), whole from the hierarchy's root."""
     for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
-        comps = [c for c in parts[2].split("/") if c]
-        for i in range(len(comps) - 1, -1, -1):  # the innermost container wins (docker in docker)
-            m = _COMPONENT.match(comps[i])
-            if not m:
-                continue
-            prefix, cid = m.groups()
-            if prefix == "docker" or (prefix is None and i > 0 and comps[i - 1] == "docker"):
-                return "docker", cid
-            if prefix == "libpod":
-                return "podman", cid
+        for engine, rx in _ENGINE_PATHS:
+            m = rx.fullmatch(parts[2])
+            if m:
+                return engine, m.group(1)
     return None
 
 

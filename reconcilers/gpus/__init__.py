@@ -312,7 +312,7 @@ class GpusReconciler(Reconciler):
                 pid=pid, name=info["name"] if info else "", exe=info["exe"] if info else "",
                 unit=info["unit"] if info else None, starttime=info["starttime"] if info else None,
                 uses=tuple(sorted(pid_uses, key=lambda u: (u.gpu, u.gpu_instance or 0))),
-                device_files=devices.get(pid, ()), visible=info is not None,
+                device_files=devices.get(pid, ()), visible=info is not None, path=info["path"] if info else "",
             ))
         # A holder in a container is freed through its engine (or the unit that runs it), never
         # signalled: the engine would start it again (its restart policy).
@@ -509,15 +509,24 @@ class GpusReconciler(Reconciler):
                     return None
                 host.sleep(0.05)
 
+        # Each signal goes through a pidfd with the start time checked on it (LocalHost.signal):
+        # a PID reused in between is never signalled.
+        started = params.get("starttime")
         if not same_process():
             return f"{pid} had already exited"
-        host.signal(pid, signal.SIGTERM)
+        try:
+            host.signal(pid, signal.SIGTERM, started)
+        except ProcessLookupError:
+            return f"{pid} had already exited"
         took = gone_within(grace)
         if took is not None:
             return f"exited {took:.1f}s after SIGTERM"
         if not same_process():  # the PID was reused in between: never SIGKILL a stranger
             return f"exited {grace:g}s after SIGTERM"
-        host.signal(pid, signal.SIGKILL)
+        try:
+            host.signal(pid, signal.SIGKILL, started)
+        except ProcessLookupError:
+            return f"exited {grace:g}s after SIGTERM"
         if gone_within(KILL_WAIT) is not None:
             return f"still running {grace:g}s after SIGTERM; killed with SIGKILL"
         raise ApplyError(f"{pid} survived SIGKILL for {KILL_WAIT:g}s (uninterruptible sleep?)")

@@ -48,24 +48,33 @@ _WHEN_RES = (re.compile(r"\[\s*\d+\.\d+\]"),  # dmesg: seconds since boot
              re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d+[+-]\d\d:?\d\d"),  # dmesg --time-format iso
              re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d"))  # syslog
 # A kernel message counts only where it *starts* the record's message: after what the record's
-# own source puts before it, and nothing else. The kernel quotes text a user chooses (fs/exec.c:
-# "process '%s' launched '%s' with NULL argv"; security/yama/yama_lsm.c: "ptrace attach of
-# \"%s\"[%d] was attempted by \"%s\"[%d]"), so an `NVRM:` met anywhere later in a line is a user's
-# words, never a driver fault, a reset or a boot. The prefixes: a syslog priority, a /dev/kmsg
-# record's own fields, dmesg -x's facility:level, the time as dmesg, dmesg -T, dmesg
-# --time-format iso or syslog print it, a host and tag (`host kernel:`, journalctl's short
-# formats) and the kernel's own time after it; a continuation line's indent.
-_PREFIX = (r"[ \t]*(?:<\d{1,3}>)?(?:\d+,\d+,\d+,[^;\n]*;)?(?:[a-z]+ *:[a-z]+ *: )?"
-           r"(?:\[[^\]\n]*\] ?|\d{4}-\d\d-\d\dT[0-9:.,+-]+ |[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )?"
-           r"(?:(?:[\w.-]+ )?[\w.()/-]+(?:\[\d+\])?: )?(?:\[[^\]\n]*\] ?)?")
+# own source puts before it, and nothing else. The kernel quotes text a user chooses (fs/exec.c,
+# do_execveat_common(): "process '%s' launched '%s' with NULL argv: empty string added";
+# security/yama/yama_lsm.c, __report_access(): "ptrace %s of \"%s\"[%d] was attempted by
+# \"%s\"[%d]"), so an `NVRM:` met anywhere later in a line is a user's words, never a driver
+# fault, a reset or a boot. The prefixes: a syslog priority, a /dev/kmsg record's own fields,
+# dmesg -x's facility:level, the time as dmesg, dmesg -T, dmesg --time-format iso or syslog print
+# it, the host and the kernel's tag (`host kernel:`: journalctl's short formats, rsyslog; a
+# kernel record has no other tag) and the kernel's own time after it.
+_TIME = (r"(?:<\d{1,3}>)?(?:\d+,\d+,\d+,[^;\n]*;)?(?:[a-z]+ *:[a-z]+ *: )?"
+         r"(?:\[[^\]\n]*\] ?|\d{4}-\d\d-\d\dT[0-9:.,+-]+ |[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )?")
+_PREFIX = _TIME + r"(?:(?:[\w.-]+ )?kernel: )?(?:\[[^\]\n]*\] ?)?"
 _PREFIX_RE = re.compile(_PREFIX)
-# `.` stops at a newline; sre scans it faster than [^\n]
+# nvidia-smi's reset words reach the log through `tee /dev/kmsg` (user facility): tagged with
+# whatever the writer was (`host root:`), still at the start of the record's message.
+_USER_PREFIX_RE = re.compile(_TIME + r"(?:(?:[\w.-]+ )?[\w.()/-]+(?:\[\d+\])?: )?(?:\[[^\]\n]*\] ?)?")
+# `.` stops at a newline; sre scans it faster than [^\n]. A line that begins with white space
+# continues the record above it (dmesg, journalctl and _kmsg_line indent a record's later
+# lines): never a message of its own, so never matched here (see LogFold._feed_each).
 _TAIL_RE = re.compile(r"^" + _PREFIX + r"NVRM:(.*)", re.MULTILINE)
 
 
-def starts_message(line: str, at: int) -> bool:
+def starts_message(line: str, at: int, prefix: re.Pattern[str] = _PREFIX_RE) -> bool:
     """Whether what begins at AT in LINE begins the record's message (see _PREFIX)."""
-    return at == 0 or _PREFIX_RE.fullmatch(line, 0, at) is not None
+    return at == 0 or prefix.fullmatch(line, 0, at) is not None
+
+
+_INDENT = (" ", "\t")
 _PCI_KEYS: dict[str, str] = {}  # as printed -> pci_key: a machine has a few GPUs
 CACHE_MAX = 1024  # messages remembered verbatim: repeats skip the regular expressions
 
@@ -109,12 +118,14 @@ class LogFold:
         self.lost = ""  # lines the source lost before they were read: "between X and Y"
         self.lost_at = -1  # the line count when they were lost
         self._cache: dict[str, tuple] = {}
+        self._in_driver = False  # the record the last unindented line began was the driver's
         if state:
             self.lines = int(state["lines"])
             self.init_all = int(state["init_all"])
             self.init_gpu = {str(k): int(v) for k, v in state["init_gpu"].items()}
             self.last_init = str(state["last_init"])
             self.probe_pci, self.probe_left = state.get("probe_pci"), int(state.get("probe_left", 0))
+            self._in_driver = self.probe_left > 0  # only the probe message's lines are waited for
             self.lost, self.lost_at = str(state.get("lost", "")), int(state.get("lost_at", -1))
             for fields in state["events"]:
                 self.events[_fold_key(fields[PCI], fields[XID], fields[DETAIL], fields[GI])] = list(fields)
@@ -201,8 +212,16 @@ class LogFold:
         for line in lines:
             n += 1
             i = line.find("NVRM:")
-            if i > 0 and not starts_message(line, i):
-                i = -1  # a user's words quoted by the kernel: not the driver's
+            if line[:1] in _INDENT:
+                # A record's later line: the driver's own only as the probe message's next lines,
+                # and only under a record that began with `NVRM:` (a user's path in exec's warning
+                # may hold a newline: /dev/kmsg escapes it, dmesg and journalctl indent what follows).
+                if i < 0 or not (self.probe_left and self._in_driver) or line[:i].strip():
+                    continue
+            else:
+                if i > 0 and not starts_message(line, i):
+                    i = -1  # a user's words quoted by the kernel: not the driver's
+                self._in_driver = i >= 0
             if i < 0:
                 if "Linux version " in line:
                     m = _BOOT_RE.search(line)
@@ -210,7 +229,7 @@ class LogFold:
                         self.init_all, self.last_init = n, line.strip()
                 elif _RESET in line:
                     m = _RESET_RE.search(line)
-                    if m and starts_message(line, m.start()):
+                    if m and starts_message(line, m.start(), _USER_PREFIX_RE):
                         self.init_gpu[pci_key(m.group(1))] = n
                 continue
             msg = line[i + 5:]

@@ -223,7 +223,10 @@ def _kmsg_records(fd: int) -> Iterator[tuple[int, int, bytes]]:
 def _kmsg_line(usec: int, text: bytes) -> str:
     """A record's message as dmesg prints it."""
     line = f"[{usec // 1000000:5d}.{usec % 1000000:06d}] " + text.decode("utf-8", "replace")
-    if "\\x" in line:  # the kernel escapes newlines and other bytes in a message
+    # The kernel escapes newlines and other bytes in a message (\\xNN). Only the driver's own
+    # records are unescaped into their lines: any other record stays one line, so a newline a user
+    # put in text the kernel quotes (exec's filename) never starts a line that looks like a record.
+    if "\\x" in line and text.startswith(b"NVRM:"):
         line = _KMSG_ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 16)), line).replace("\n", "\n" + " " * 15)
     return line
 

@@ -30,7 +30,10 @@ def allowed(holder: Holder, allow: Sequence[str]) -> bool:
             c = holder.container
             if c is not None and c.name and fnmatch.fnmatchcase(c.name, entry[10:]):
                 return True
-        elif holder.visible and any(n and fnmatch.fnmatchcase(n, entry) for n in (holder.name, holder.exe)):
+        elif holder.visible and holder.path and fnmatch.fnmatchcase(
+                holder.path if "/" in entry else os.path.basename(holder.path), entry):
+            # The program the process runs, when only root could have put it there: never its
+            # comm or argv[0], which any user sets (a process calling itself `vllm-server`).
             return True
     return False
 

@@ -133,8 +133,8 @@ class Holder:
     """A process that holds GPU memory (NVML) or a GPU device file (/proc/PID/fd)."""
 
     pid: int
-    name: str  # /proc/PID/comm ("" when the process is not visible from here)
-    exe: str = ""  # basename of argv[0]
+    name: str  # /proc/PID/comm ("" when the process is not visible from here): shown, never trusted
+    exe: str = ""  # basename of argv[0]: shown, never trusted
     unit: str | None = None  # the system service it belongs to (/proc/PID/cgroup)
     starttime: int | None = None  # /proc/PID/stat field 22: guards against a reused PID
     uses: tuple[GpuUse, ...] = ()
@@ -142,6 +142,9 @@ class Holder:
     visible: bool = True  # False: NVML names a PID this /proc does not show (another PID namespace)
     # The container it runs in (/proc/PID/cgroup), with what its engine says of it; None: none.
     container: ContainerRef | None = None
+    # The program it runs (/proc/PID/exe) when only root could have put it there (procfs.trusted_exe),
+    # else "": what `allow`'s name globs and the NVIDIA tools' exemption are decided by.
+    path: str = ""
 
     def label(self) -> str:
         where = f" in {self.container.label()}" if self.container is not None else ""

@@ -6,17 +6,52 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import stat
 from typing import Any
 
-# Processes that hold /dev/nvidia* by design (monitoring, persistence): never holders.
+# Processes that hold /dev/nvidia* by design (monitoring, persistence): never holders, when they
+# are the installed programs (trusted_exe), never by the name a process shows.
 EXCLUDED_NAMES = frozenset({"nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "nvidia-smi"})
-# /proc/PID/comm holds at most 15 characters (TASK_COMM_LEN 16): nvidia-persistenced is "nvidia-persiste".
-_EXCLUDED_COMMS = frozenset(n[:15] for n in EXCLUDED_NAMES)
 
 
 def excluded(info: dict[str, Any]) -> bool:
-    """The NVIDIA daemons and tools that hold every GPU's device file without being its user."""
-    return info["name"] in _EXCLUDED_COMMS or info["exe"] in EXCLUDED_NAMES
+    """The NVIDIA daemons and tools that hold every GPU's device file without being its user: by
+    the file the process runs (trusted_exe), never by /proc/PID/comm or argv[0], which any process
+    sets to what it likes (prctl PR_SET_NAME, `exec -a`, a copy of a binary under that name)."""
+    return bool(info.get("path")) and os.path.basename(info["path"]) in EXCLUDED_NAMES
+
+
+def trusted_exe(pid: int) -> str:
+    """The path of the program PID runs (/proc/PID/exe, as its own root sees it) when root owns the
+    file and every directory above it and no one else can write any of them (a sticky directory
+    such as /tmp excepted: no one else can rename root's entry in it), as OpenSSH's StrictModes and
+    systemd's chase(CHASE_SAFE) judge a path; "" otherwise. Only root could have put the program
+    there, under that name: a name any user can choose proves nothing. The path must still name
+    the very file running (same device and inode), so an upgraded or deleted binary, or a path in
+    another mount namespace that differs from ours, is not trusted."""
+    root = f"/proc/{pid}/root"  # the process's own root: a container's files are judged in its image
+    try:
+        path = os.readlink(f"/proc/{pid}/exe")
+        running = os.stat(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+    if not path.startswith("/") or path.endswith(" (deleted)"):
+        return ""
+    try:
+        named = os.lstat(root + path)
+        if (not stat.S_ISREG(named.st_mode) or (named.st_dev, named.st_ino) != (running.st_dev, running.st_ino)
+                or named.st_uid != 0 or named.st_mode & 0o022):
+            return ""
+        d = os.path.dirname(path)
+        while True:
+            st = os.lstat(root + d if d != "/" else root + "/")
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+                return ""
+            if d == "/":
+                return path
+            d = os.path.dirname(d)
+    except OSError:
+        return ""
 # Test/diagnostic knobs: where the GPU device files are, and a kernel log to read instead of dmesg.
 DEV_GLOB_ENV = "RECONCILE_NVIDIA_DEV_GLOB"
 DEFAULT_DEV_GLOB = "/dev/nvidia*"
@@ -93,7 +128,7 @@ def proc_info(pid: int) -> dict[str, Any] | None:
         return None
     comm = (_read(f"/proc/{pid}/comm") or "").strip()
     argv0 = (_read(f"/proc/{pid}/cmdline") or "").split("\0", 1)[0]
-    return {"name": comm, "exe": os.path.basename(argv0), "starttime": starttime,
+    return {"name": comm, "exe": os.path.basename(argv0), "starttime": starttime, "path": trusted_exe(pid),
             "unit": unit_of_cgroup(_read(f"/proc/{pid}/cgroup") or "")}
 
 
