@@ -20,6 +20,7 @@ from .commands import (  # noqa: F401  (EXIT_DRIFT, exit_now: the commands' name
     EXIT_ERROR,
     EXIT_OK,
     STATE_LABEL,
+    echo_err,
     exit_now,
     fail,
     finish,
@@ -70,10 +71,10 @@ class ReconcileGroup(click.Group):
             if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:  # bare `reconcile`
                 click.echo(exc.ctx.get_help(), err=True)
                 sys.exit(EXIT_ERROR)
-            click.echo(f"reconcile: error: {exc.format_message()} (see '{cmd} --help')", err=True)
+            echo_err(f"reconcile: error: {exc.format_message()} (see '{cmd} --help')")
             code = EXIT_ERROR
         except click.ClickException as exc:
-            click.echo(f"reconcile: error: {exc.format_message()}", err=True)
+            echo_err(f"reconcile: error: {exc.format_message()}")
             code = EXIT_ERROR
         except click.Abort:
             click.echo("reconcile: error: interrupted", err=True)
@@ -83,7 +84,7 @@ class ReconcileGroup(click.Group):
         except Exception as exc:
             if os.environ.get("RECONCILE_DEBUG"):
                 raise
-            click.echo(internal_error(exc), err=True)
+            echo_err(internal_error(exc))
             code = EXIT_ERROR
         sys.exit(code if isinstance(code, int) else EXIT_OK)
 
@@ -114,10 +115,10 @@ def validate(files: tuple[str, ...]) -> None:
         except StateFileError as exc:
             bad += 1
             for line in exc.lines():  # problems, and the old spellings' warnings among them
-                click.echo(line, err=True)
+                echo_err(line)
             continue
         for warning in state.warnings:  # old spellings: valid, said (exit 0)
-            click.echo(warning, err=True)
+            echo_err(warning)
     if bad:
         sys.exit(EXIT_ERROR)
     click.echo(f"{len(files)} state file{'s' if len(files) != 1 else ''} valid")
@@ -396,8 +397,10 @@ def ack_command(gpu: str | None, reason: str, by: str | None, journal_path: str 
         fail(f"cannot write the journal {journal.path}: {exc.strerror or exc}")
         return
     what = f"GPU {line['gpu']}" if line["gpu"] else "the node and its GPUs"
-    click.echo(f"acknowledged by {line['by']} at {line['time']}: {what}: {line['reason']} (the recovery caps "
-               "and latched faults start again)")
+    from .core.escape import escape_controls
+
+    click.echo(escape_controls(f"acknowledged by {line['by']} at {line['time']}: {what}: {line['reason']} "
+                               "(the recovery caps and latched faults start again)"))
 
 
 @main.command("version")

@@ -38,9 +38,14 @@ def publish(run, sinks: Sequence[Any]) -> bool:
 
 
 def echo_err(message: str) -> None:
+    """A message for stderr, a terminal as often as not: the names and text in it (a file's,
+    a unit's, another host's words) have their control characters escaped (core/escape.py); its
+    own line breaks stay."""
     import click  # only where there is something to say: the hot path says nothing on stderr
 
-    click.echo(message, err=True)
+    from .core.escape import escape_controls
+
+    click.echo(escape_controls(message, newlines=True), err=True)
 
 
 def fail(message: str) -> None:
@@ -384,11 +389,13 @@ def run_log_elsewhere(opts, journal_path: str | None, since: str | None, until: 
                            {"name": n, "journal": d.get("journal"), "warnings": d.get("warnings", []),
                             "events": d.get("events", [])} for n, d, _w, err in hosts]
                 return json.dumps({"format_version": logview.LOG_FORMAT_VERSION, "hosts": entries}, indent=2) + "\n"
+            from .core.escape import escape_controls as esc
+
             style = Style(sys.stdout)
             for n, d, _w, err in hosts:
-                sys.stdout.write(style(f"== {n}", "bold") + (f"  {d.get('journal')}" if d else "") + "\n")
+                sys.stdout.write(style(f"== {esc(n)}", "bold") + (f"  {esc(d.get('journal'))}" if d else "") + "\n")
                 if err:
-                    sys.stdout.write(style(f"cannot read its journal: {err}", "red") + "\n")
+                    sys.stdout.write(style(f"cannot read its journal: {esc(err)}", "red") + "\n")
                 else:
                     logview.render_text(d["events"], sys.stdout, style, verbose=verbose)
             return ""

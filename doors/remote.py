@@ -67,8 +67,12 @@ def refusal_reason(message: str) -> str:
 
 def echo_err(text: str) -> None:
     """Text to stderr as click.echo(err=True) writes it, without click (doors/ is below the
-    command line): flushed, and what the stream cannot encode replaced rather than raised (a
+    command line): flushed, its control characters escaped but for line breaks (the far side's
+    words: core/escape.py), and what the stream cannot encode replaced rather than raised (a
     path from the far side)."""
+    from ..core.escape import escape_controls
+
+    text = escape_controls(text, newlines=True)
     stream = sys.stderr
     try:
         stream.write(text)
@@ -97,15 +101,37 @@ class Target:
     name: str                       # for messages: root@kpro6:22, or the via prefix
     prefix: tuple[str, ...]
     remote_command: tuple[str, ...] = (DEFAULT_REMOTE_COMMAND,)
-    shell: bool = False             # the prefix is ssh: the far side's shell parses one command line
+    shells: int = 0                 # remote shells the command line passes through (remote_shells())
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     short_host: str = ""            # host part, for the default state file name (before the handshake)
     host_key_file: str | None = None  # where ssh's KnownHostsCommand leaves the key it verified
 
     def argv(self, args: Sequence[str]) -> list[str]:
         words = [*self.remote_command, *args]
-        # ssh hands its command words to the remote shell joined by spaces: quote them once.
-        return [*self.prefix, shlex.join(words)] if self.shell else [*self.prefix, *words]
+        if not self.shells:
+            return [*self.prefix, *words]
+        # ssh hands its command words to the remote shell joined by spaces: quoted once for each
+        # shell that parses them (`ssh jump ssh inner`: the jump host's, then the inner one's).
+        line = shlex.join(words)
+        for _ in range(self.shells - 1):
+            line = shlex.quote(line)
+        return [*self.prefix, line]
+
+
+# Clients that hand their command words to a shell on the far side, joined by spaces (ssh(1):
+# "command ... is executed on the remote host instead of a login shell"; autossh passes its
+# arguments to ssh; rsh/slogin are the same contract). docs/remote.md, `--via`, says so.
+REMOTE_SHELL_CLIENTS = frozenset({"ssh", "autossh", "rsh", "slogin"})
+
+
+def remote_shells(prefix: Sequence[str]) -> int:
+    """How many remote shells a --via prefix's appended words pass through: one per word of the
+    prefix that names a remote-shell client (by its file name: `/usr/bin/ssh` too), wherever it
+    stands, so `timeout 30 ssh HOST`, `sshpass -p X ssh HOST`, `autossh -M 0 HOST` and
+    `ssh root@pve pct exec 129 --` are all quoted for the far side's shell. A word that names one
+    and is not one (a user or container called `ssh`) quotes the words once too many: the target
+    then fails to find the command, it never runs words split apart."""
+    return sum(1 for word in prefix if Path(word).name in REMOTE_SHELL_CLIENTS)
 
 
 def parse_address(address: str) -> tuple[str | None, str, int | None]:
@@ -208,7 +234,7 @@ def ssh_target(address: str, ssh_options: Sequence[str] = (), connect_timeout: f
     # IPv6 literals go to ssh without brackets.
     argv += ["--", f"{user}@{host}" if user else host]
     name = f"{user + '@' if user else ''}{host}{f':{port}' if port else ''}"
-    return Target(name, tuple(argv), _split_remote(remote_command), shell=True,
+    return Target(name, tuple(argv), _split_remote(remote_command), shells=1,
                   connect_timeout=connect_timeout, short_host=host.split(".", 1)[0], host_key_file=key_file)
 
 
@@ -243,7 +269,7 @@ def via_target(via: str, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         raise ValueError(f"--via {via!r}: {exc}") from None
     if not prefix:
         raise ValueError("--via: empty command prefix")
-    return Target(via, prefix, _split_remote(remote_command), shell=Path(prefix[0]).name == "ssh",
+    return Target(via, prefix, _split_remote(remote_command), shells=remote_shells(prefix),
                   connect_timeout=connect_timeout)
 
 
@@ -342,7 +368,7 @@ def _first_contact_error(target: Target, out: Outcome, asked: str) -> RemoteErro
     one too old to know the request. None: it reached a reconcile (or the connection dropped
     after it was made), and the caller words the failure."""
     last = _last_line(out.stderr)
-    if out.returncode == 255 and Path(target.prefix[0]).name == "ssh" \
+    if out.returncode == 255 and target.shells \
             and not (asked != "version" and (not last or SSH_LOST.match(last))):
         return RemoteError(f"cannot reach {target.name}: {last or 'ssh exited 255'}")
     if _not_installed(target, out):
@@ -357,6 +383,32 @@ def _first_contact_error(target: Target, out: Outcome, asked: str) -> RemoteErro
         return RemoteError(f"{target.name} runs a reconcile older than this one, which cannot take `{asked}` "
                            f"from another host ({last}); " + newer)
     return None
+
+
+@functools.cache
+def _report_validator() -> Any:
+    import jsonschema
+
+    from ..pipeline.statefile.schema import SCHEMA_DIR
+
+    schema = json.loads(Path(SCHEMA_DIR, "report.schema.json").read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+def check_report(target: Target, doc: dict[str, Any]) -> None:
+    """The far side's report against the report contract (schema/report.schema.json) before
+    anything here renders or counts it: a status, a result or a field this side does not know
+    (another reconcile, a broken or hostile target) is one error line for that target
+    (RemoteError), never a crash of the renderer or of the other hosts' summary."""
+    from jsonschema.exceptions import best_match
+
+    error = best_match(_report_validator().iter_errors(doc))
+    if error is None:
+        return
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path).lstrip(".")
+    raise RemoteError(f"{target.name}: its report does not follow the report format "
+                      f"{FORMAT_VERSION} ({where or 'the document'}: {error.message[:200]}); "
+                      "is the same reconcile installed there?")
 
 
 def _check_format(target: Target, reconcile_version: str, format_version: str) -> None:
@@ -425,6 +477,7 @@ def execute(target: Target, request: Request, info: RemoteInfo | None = None) ->
     doc = _json_object(out.stdout)
     if doc is not None and "format_version" in doc:
         _check_format(target, str(doc.get("reconcile_version", "?")), str(doc["format_version"]))
+        check_report(target, doc)
     if doc is not None and (doc.get("problems") or doc.get("error")):
         # The state file is bad, or the far side refused (lock held, another machine): its lines,
         # as a local run prints them, and its error report for --format json/junit/prometheus.

@@ -34,8 +34,34 @@ def fetch(target: remote.Target, args: Sequence[str], journal: str | None = None
     if str(doc.get("format_version", "")).split(".")[0] != "1":
         raise remote.RemoteError(f"{target.name}: its `reconcile log` speaks format {doc.get('format_version')!r}; "
                                  "this reconcile reads format 1")
+    why = _unreadable_events(doc.get("events"))
+    if why:
+        raise remote.RemoteError(f"{target.name}: its `reconcile log` answer cannot be read ({why}); "
+                                 "is the same reconcile installed there?")
     warnings = [line for line in out.stderr.splitlines() if line.startswith("reconcile: warning:")]
     return doc, warnings
+
+
+def _unreadable_events(events: Any) -> str | None:
+    """Why the far side's events are not what views/log.py renders (None: they are): a broken
+    or hostile target is one error line for that host, not a crash of the timeline here."""
+    if not isinstance(events, list):
+        return "events is not a list"
+    for i, e in enumerate(events):
+        if not isinstance(e, dict) or not isinstance(e.get("event"), str):
+            return f"events[{i}] is not an event"
+        if e["event"] == "run":
+            actions, observed = e.get("actions"), e.get("observed")
+            if not isinstance(actions, list) or not all(isinstance(a, dict) and "resource" in a and
+                                                        isinstance(a.get("outcome"), str) for a in actions):
+                return f"events[{i}].actions"
+            if not isinstance(observed, list) or not all(isinstance(o, dict) and "resource" in o for o in observed):
+                return f"events[{i}].observed"
+            if "run" not in e:
+                return f"events[{i}].run"
+        elif e["event"] == "watch-pass" and not isinstance(e.get("resources") or {}, dict):
+            return f"events[{i}].resources"
+    return None
 
 
 def fetch_inventory(path: str, limit: str | None, opts: remote.RemoteOptions, args: Sequence[str],

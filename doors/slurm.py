@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from ..core.contract import utc_iso
+from ..core.escape import escape_controls
 
 # The verdict, the decision and scontrol: the sink's (names kept here for the tests and docs).
 from .sinks.slurm_node import (  # noqa: F401
@@ -111,7 +112,8 @@ def health_check(s: Settings) -> int:
             detail = f"{line['why']}; the drain would say: {line['reason']}"
         else:
             detail = line.get("reason") or line.get("why") or ""
-        out.write(f"reconcile slurm-health: node {s.node}: {' '.join(words)}{': ' + detail if detail else ''}\n")
+        said = escape_controls(f"node {s.node}: {' '.join(words)}{': ' + detail if detail else ''}")  # names, messages
+        out.write(f"reconcile slurm-health: {said}\n")
         out.flush()
         return code
 

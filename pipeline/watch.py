@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from ..core.contract import utc_iso
+from ..core.escape import escape_controls
 from ..core.refusals import Refusal
 
 if TYPE_CHECKING:
@@ -259,7 +260,9 @@ class Watcher:
         return state
 
     def log(self, line: str) -> None:
-        self.out.write(line + "\n")
+        # Unit names, messages and state file paths in it: escaped for a terminal (and one journal
+        # record per line under systemd), core/escape.py.
+        self.out.write(escape_controls(line) + "\n")
         self.out.flush()  # a service's stdout is a pipe or file: unflushed lines arrive late or never
 
     # --- signals and waiting -----------------------------------------------------------

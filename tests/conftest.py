@@ -22,10 +22,12 @@ from nsystemd import NamespacedSystemd
 # system: the CLI or a kind against real components: the namespaced systemd, mount namespaces,
 #   FUSE, real processes and daemons (sshd, dockerd, podman, slurmctld, Prometheus), the fake
 #   NVML built with gcc, torch and the training frameworks; as root in CI.
+# terminal: the text views (diff, apply, log, watch, errors, --help) as a person reads them on a
+#   real pseudo-terminal, colour on and off, TERM=dumb, a narrow window; no root.
 # Every test file names its lane here (a file missing from the table fails the collection, so a
 # new file must choose); a test that belongs to another lane than its file's carries that lane's
 # marker itself (@pytest.mark.system). `pytest -m "not system"` is the inner loop.
-LANES = ("pure", "reference", "system")
+LANES = ("pure", "reference", "system", "terminal")
 LANE_OF_FILE = {
     "test_add_a_format.py": "pure",
     "test_add_a_kind.py": "pure",
@@ -99,6 +101,7 @@ LANE_OF_FILE = {
     "test_prometheus_live.py": "system",
     "test_refusals.py": "system",
     "test_remote.py": "system",
+    "test_output_escapes.py": "pure",  # the --via test through the real sshd is marked system
     "test_report_text.py": "pure",
     "test_runs.py": "pure",
     "test_saved_plan.py": "system",
@@ -111,6 +114,7 @@ LANE_OF_FILE = {
     "test_statefile.py": "pure",
     "test_statefile_limits.py": "pure",
     "test_startup_imports.py": "pure",  # the tests with the fake GPU driver are marked system
+    "test_terminal.py": "terminal",
     "test_units.py": "system",
     "test_usertree.py": "pure",
     "test_usertree_adversarial.py": "system",

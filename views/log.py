@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import IO, Any
 
+from ..core.escape import escape_controls as esc
 from .text import Style
 
 UNKNOWN = "may or may not have happened (no result recorded: the run was interrupted while it ran)"
@@ -105,7 +106,7 @@ def changes(before: Any, after: Any, prefix: str = "") -> list[tuple[str, Any, A
 def _short(value: Any, width: int = 40) -> str:
     import json
 
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = esc(value if isinstance(value, str) else json.dumps(value, default=str))
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
@@ -114,26 +115,29 @@ MARK = {"done": "✓", "failed": "✗", "skipped": "-", "unknown": "?"}
 
 
 def render_text(events: list[dict[str, Any]], out: IO[str], style: Style, verbose: bool = False) -> None:
-    """One header line per event, its actions indented beneath in aligned columns."""
-    width = max([len(str(a["resource"])) for e in events if e["event"] == "run" for a in e["actions"]] or [0])
+    """One header line per event, its actions indented beneath in aligned columns. Every value
+    from the journal is escaped for the terminal (core/escape.py): the journal holds unit, file and
+    process names and commands' messages."""
+    width = max([len(esc(a["resource"])) for e in events if e["event"] == "run" for a in e["actions"]] or [0])
     for e in events:
-        when = style(str(e.get("time", "?")), "dim")
+        when = style(esc(e.get("time", "?")), "dim")
         if e["event"] == "run":
             done = sum(a["outcome"] == "done" for a in e["actions"])
             failed = sum(a["outcome"] == "failed" for a in e["actions"])
             unknown = sum(a["outcome"] == "unknown" for a in e["actions"])
             counts = ", ".join(p for p in (f"{done} done" if done else "", f"{failed} failed" if failed else "",
                                            style(f"{unknown} unknown", "yellow") if unknown else "") if p)
-            out.write(f"{when}  {style('apply', 'bold')} run {style(e['run'], 'cyan')}  pid {e.get('pid')}"
+            out.write(f"{when}  {style('apply', 'bold')} run {style(esc(e['run']), 'cyan')}  pid {esc(e.get('pid'))}"
                       f"  {len(e['actions'])} action{'s' if len(e['actions']) != 1 else ''}"
                       f"{': ' + counts if counts else ''}\n")
             for a in e["actions"]:
                 outcome = a["outcome"]
                 mark = style(MARK.get(outcome, "?"), OUTCOME_STYLE.get(outcome, ""))
-                what = a.get("description") or f"{a.get('action')} {a.get('target')}"
-                said = UNKNOWN if outcome == "unknown" else outcome + (f": {a['message']}" if a.get("message") else "")
-                out.write(f"  {style(str(a.get('time', '?'))[11:23], 'dim')}  {mark} "
-                          f"{str(a['resource']).ljust(width)}  {what}  → "
+                what = esc(a.get("description") or f"{a.get('action')} {a.get('target')}")
+                said = UNKNOWN if outcome == "unknown" else esc(outcome) + (f": {esc(a['message'])}"
+                                                                             if a.get("message") else "")
+                out.write(f"  {style(esc(str(a.get('time', '?'))[11:23]), 'dim')}  {mark} "
+                          f"{esc(a['resource']).ljust(width)}  {what}  → "
                           f"{style(said, OUTCOME_STYLE.get(outcome, ''))}\n")
             for o in e["observed"]:
                 if "after" not in o:
@@ -141,30 +145,33 @@ def render_text(events: list[dict[str, Any]], out: IO[str], style: Style, verbos
                 diffs = changes(o.get("before"), o.get("after"))
                 shown = diffs if verbose else diffs[:6]
                 for path, b, a in shown:
-                    out.write(f"      {str(o['resource']).ljust(width)}  {path}: {_short(b)} -> {_short(a)}\n")
+                    out.write(f"      {esc(o['resource']).ljust(width)}  {esc(path)}: {_short(b)} -> {_short(a)}\n")
                 if len(diffs) > len(shown):
-                    out.write(f"      {str(o['resource']).ljust(width)}  ... {len(diffs) - len(shown)} more "
+                    out.write(f"      {esc(o['resource']).ljust(width)}  ... {len(diffs) - len(shown)} more "
                               "changes (-v shows all)\n")
         elif e["event"] == "watch-pass":
             bad = e.get("actions_failed") or 0
-            res = ", ".join(f"{k} {v}" for k, v in (e.get("resources") or {}).items())
-            out.write(f"{when}  {style('watch', 'bold')} pass {e.get('pass')}  pid {e.get('pid')}  "
-                      f"{e.get('actions_done', 0)} done, {style(str(bad) + ' failed', 'red') if bad else '0 failed'}"
+            res = ", ".join(f"{esc(k)} {esc(v)}" for k, v in (e.get("resources") or {}).items())
+            out.write(f"{when}  {style('watch', 'bold')} pass {esc(e.get('pass'))}  pid {esc(e.get('pid'))}  "
+                      f"{esc(e.get('actions_done', 0))} done, "
+                      f"{style(esc(bad) + ' failed', 'red') if bad else '0 failed'}"
                       f"{'  (interrupted)' if e.get('interrupted') else ''}: {res}\n")
         elif e["event"] == "slurm-health":
-            verdict = str(e.get("verdict", "?"))
+            verdict = esc(e.get("verdict", "?"))
             colour = "green" if verdict in ("healthy", "ok") else "red"
-            detail = e.get("reason") or e.get("why") or ""
-            out.write(f"{when}  {style('slurm-health', 'bold')} node {e.get('node')}  {e.get('command')}  "
-                      f"{style(verdict, colour)}{'  action ' + str(e['action']) if e.get('action') else ''}"
-                      f"  exit {e.get('exit_code')}{': ' + detail if detail else ''}\n")
+            detail = esc(e.get("reason") or e.get("why") or "")
+            out.write(f"{when}  {style('slurm-health', 'bold')} node {esc(e.get('node'))}  {esc(e.get('command'))}  "
+                      f"{style(verdict, colour)}{'  action ' + esc(e['action']) if e.get('action') else ''}"
+                      f"  exit {esc(e.get('exit_code'))}{': ' + detail if detail else ''}\n")
         elif e["event"] == "rebooted":
-            out.write(f"{when}  {style('rebooted', 'bold')} up in boot {str(e.get('boot', '?'))[:8]}  the reboot "
-                      f"requested at {e.get('requested', '?')} in boot {str(e.get('from_boot', '?'))[:8]} by run "
-                      f"{style(str(e.get('intent_run', '?')), 'cyan')}: {e.get('message', '')}\n")
+            out.write(f"{when}  {style('rebooted', 'bold')} up in boot {esc(str(e.get('boot', '?'))[:8])}  the "
+                      f"reboot requested at {esc(e.get('requested', '?'))} in boot "
+                      f"{esc(str(e.get('from_boot', '?'))[:8])} by run "
+                      f"{style(esc(e.get('intent_run', '?')), 'cyan')}: {esc(e.get('message', ''))}\n")
         elif e["event"] == "ack":
-            what = f"GPU {e['gpu']}" if e.get("gpu") else f"node {e.get('node') or '?'}"
-            out.write(f"{when}  {style('ack', 'bold')} {what} serviced, by {e.get('by', '?')}: {e.get('reason', '')}"
+            what = esc(f"GPU {e['gpu']}" if e.get("gpu") else f"node {e.get('node') or '?'}")
+            out.write(f"{when}  {style('ack', 'bold')} {what} serviced, by {esc(e.get('by', '?'))}: "
+                      f"{esc(e.get('reason', ''))}"
                       " (its recovery caps and latched faults start again)\n")
     if not events:
         out.write("No journal entries in this window.\n")

@@ -22,6 +22,8 @@ import sys
 import time
 from typing import IO, Any
 
+from ..core.escape import escape_controls
+
 SHOW_AFTER = 0.5  # seconds a piece of work runs before its line appears
 REDRAW = 0.1  # seconds between redraws at most
 
@@ -93,7 +95,9 @@ class ProgressLine:
 
 def render(what: str, done: float, total: float | None, unit: str, elapsed: float, gained: float) -> str:
     """One line: `what: 41,000/100,000 samples (41%), 8,200/s, ETA 7s`, or for a wait in
-    seconds `what: 12s of 90s`."""
+    seconds `what: 12s of 90s`. `what` names files and units: escaped (core/escape.py), so a name
+    cannot move the cursor or overwrite the line it is drawn on."""
+    what = escape_controls(what)
     if unit == "s":
         return f"{what}: {_duration(done)}" + (f" of {_duration(total)}" if total else "")
     text = f"{what}: {done:,.0f}" + (f"/{total:,.0f}" if total else "") + (f" {unit}" if unit else "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import IO, Any
 
+from ..core.escape import escape_controls as esc
 from ..core.values import format_value
 from ..pipeline.report import STATUSES
 
@@ -29,9 +30,12 @@ class Style:
         self.enabled = colour_wanted(out) if force is None else force
 
     def __call__(self, text: str, *styles: str) -> str:
-        if not self.enabled or not styles:
+        # An empty name is "no style": a planned action has no colour of its own (RESULT_COLOUR),
+        # nor an outcome the log does not colour; looking it up crashed diff on a colour terminal.
+        codes = [self.CODES[s] for s in styles if s]
+        if not self.enabled or not codes:
             return text
-        return "".join(f"\033[{self.CODES[s]}m" for s in styles) + text + "\033[0m"
+        return "".join(f"\033[{c}m" for c in codes) + text + "\033[0m"
 
 
 SIGILS = {
@@ -52,45 +56,52 @@ def _plural(n: int, word: str) -> str:
 def render_text(doc: dict[str, Any], out: IO[str], verbose: bool = False, style: Style | None = None) -> None:
     """Text view of the JSON report, so a report from a remote host renders exactly like a local one."""
     s = style or Style(out)
-    title = f"reconcile {doc['command']}{' --dry-run' if doc.get('dry_run') else ''}: {doc['state_file']}"
-    out.write(s(title, "bold") + f" on {doc['host']}\n")
+    # Every name and message below is the host's (or a remote target's) text: escaped before it
+    # reaches the terminal (core/escape.py); the colour codes are the only controls written.
+    dry = " --dry-run" if doc.get("dry_run") else ""
+    title = f"reconcile {esc(doc['command'])}{dry}: {esc(doc['state_file'])}"
+    out.write(s(title, "bold") + f" on {esc(doc['host'])}\n")
     machine = doc.get("machine") or {}
-    ids = [f"{label} {machine[key]}" for key, label in (("machine_id", "machine-id"), ("boot_id", "boot"),
+    ids = [f"{label} {esc(machine[key])}" for key, label in (("machine_id", "machine-id"), ("boot_id", "boot"),
                                                          ("ssh_host_key", "host key")) if machine.get(key)]
     if ids:  # which machine answered: a recreated VM or a reused address shows here first
         out.write(s("  " + ", ".join(ids), "dim") + "\n")
     for note in doc.get("notes", []):
-        out.write(s(f"warning: {note}", "yellow") + "\n")
+        out.write(s(f"warning: {esc(note)}", "yellow") + "\n")
     out.write("\n")
     for res in doc["resources"]:
         status = res["status"]
-        sigil, colour = SIGILS[status]
-        head = f"  {s(sigil, colour)} {res['id']}"
+        # A remote report is checked before it is rendered (doors/remote.py); an unknown status
+        # still prints as what it is rather than crash the report.
+        sigil, colour = SIGILS.get(status, ("?", "red"))
+        status = esc(status)
+        head = f"  {s(sigil, colour)} {esc(res['id'])}"
         if status == "ok" and not res["actions"]:
-            detail = res.get("summary", "") if verbose else ""
+            detail = esc(res.get("summary", "")) if verbose else ""
             out.write(head + s(f"  ok{'  (' + detail + ')' if detail else ''}", "dim") + "\n")
             for note in res.get("caveats", ()):
-                out.write(f"      {s('note: ' + note, 'yellow')}\n")
+                out.write(f"      {s('note: ' + esc(note), 'yellow')}\n")
             if res["message"] and verbose:
-                out.write(f"      {res['message']}\n")
+                out.write(f"      {esc(res['message'], newlines=True)}\n")
             continue
         out.write(head + "  " + s(status, colour) + "\n")
-        width = max((len(d["field"]) for d in res["drift"]), default=0)
+        width = max((len(esc(d["field"])) for d in res["drift"]), default=0)
         for d in res["drift"]:
-            have, want = format_value(d["have"]), s(format_value(d["want"]), "bold")
-            out.write(f"      {d['field'] + ':':<{width + 1}} {have} -> {want}\n")
+            have, want = esc(format_value(d["have"])), s(esc(format_value(d["want"])), "bold")
+            out.write(f"      {esc(d['field']) + ':':<{width + 1}} {have} -> {want}\n")
         for a in res["actions"]:
             result = a["result"]
-            text = a.get("description") or f"{a['action']} {a['target']}"
-            line = f"      {s(RESULT_MARK[result], RESULT_COLOUR.get(result, ''))} {text}"
+            text = esc(a.get("description") or f"{a['action']} {a['target']}")
+            line = f"      {s(RESULT_MARK.get(result, '?'), RESULT_COLOUR.get(result, ''))} {text}"
             if result != "planned":
-                why = f": {a['message']}" if a.get("message") and result != "done" else ""
+                why = f": {esc(a['message'])}" if a.get("message") and result != "done" else ""
+                result = esc(result)
                 line += s(f"  ({result}{why})", "dim")
             out.write(line + "\n")
         for line in res["message"].split("\n") if res["message"] else ():
-            out.write(f"      {s(line, 'red' if status == 'error' else 'dim')}\n")
+            out.write(f"      {s(esc(line), 'red' if status == 'error' else 'dim')}\n")
         for note in res.get("caveats", ()):
-            out.write(f"      {s('note: ' + note, 'yellow')}\n")
+            out.write(f"      {s('note: ' + esc(note), 'yellow')}\n")
     out.write("\n")
     summary = doc["summary"]
     counts = ", ".join(f"{summary[st]} {st}" for st in STATUSES if summary.get(st))
@@ -128,23 +139,23 @@ def render_inventory(doc: dict[str, Any], out: IO[str], verbose: bool = False) -
     style = Style(out)
     hosts = doc["hosts"]
     for entry in hosts:
-        out.write(f"=== {entry['host']} ({entry.get('target', '')}) ===\n")
+        out.write(f"=== {esc(entry['host'])} ({esc(entry.get('target', ''))}) ===\n")
         if entry.get("report") is not None:
             render_text(entry["report"], out, verbose=verbose, style=style)
         else:
             error = entry.get("error") or ""
-            out.write("".join(f"error: {line}\n" for line in error.splitlines() or ["(no message)"]))
+            out.write("".join(f"error: {esc(line)}\n" for line in error.splitlines() or ["(no message)"]))
         out.write("\n")
     rows = [("HOST", "STATUS", "DRIFT", "ACTIONS", "SECONDS", "")]
     for entry in hosts:
         report = entry.get("report")
         error = entry.get("error") or ""
-        note = error.splitlines()[0] if error else ""
+        note = esc(error.splitlines()[0]) if error else ""
         same = entry.get("same_machine_as") or []
         if same:
             more = f" (+{len(same) - 1} more)" if len(same) > 1 else ""
-            note = f"same machine as {same[0]}{more} (machine-id)" + (f"; {note}" if note else "")
-        rows.append((entry["host"], entry["status"], "-" if report is None else str(drifted_count(report)),
+            note = f"same machine as {esc(same[0])}{more} (machine-id)" + (f"; {note}" if note else "")
+        rows.append((esc(entry["host"]), esc(entry["status"]), "-" if report is None else str(drifted_count(report)),
                      "-" if report is None else str(action_count(report)), f"{entry['seconds']:.1f}", note))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:
