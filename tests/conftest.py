@@ -68,6 +68,7 @@ LANE_OF_FILE = {
     "test_gpus_recovery.py": "system",
     "test_gpus_pcibus.py": "system",
     "test_gpus_recovery_boot.py": "system",
+    "test_gpus_recovery_escalation.py": "system",
     "test_gpus_settings.py": "system",
     "test_gpus_settings_plan.py": "pure",
     "test_gpus_temperature.py": "system",

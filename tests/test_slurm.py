@@ -286,6 +286,12 @@ MINE = "reconcile: gpus: GPU 1 is unhealthy"
     (True, "DOWN+DRAIN", MINE, "resume"),
     (True, "IDLE+DRAIN", "admin: swapping a disk", "none"),
     (True, "IDLE+DRAIN", "NHC: check_fs_mount: /scratch", "none"),
+    # Slurm is rebooting it (scontrol reboot ASAP: drained meanwhile, with the reboot's reason): left alone.
+    (False, "IDLE+DRAIN+REBOOT_REQUESTED", "reconcile: gpus: an older problem", "none"),
+    (True, "IDLE+DRAIN+REBOOT_REQUESTED", MINE, "none"),
+    (False, "IDLE+REBOOT_REQUESTED", "", "drain"),  # no ASAP: it takes jobs until the reboot
+    (False, "DOWN+REBOOT_ISSUED", MINE + " (reboot)", "none"),
+    (True, "DOWN+DRAIN+REBOOT_ISSUED", MINE, "none"),
 ])
 def test_decision(healthy, state, reason, action):
     verdict = slurm.Verdict(healthy, "" if healthy else MINE)
