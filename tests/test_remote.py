@@ -246,7 +246,8 @@ def logging_remote(tmp: Path) -> tuple[str, Path]:
     log = tmp / "requests.log"
     script = tmp / "logging-reconcile"
     script.write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
-                      f'RECONCILE_CACHE_DIR={tmp / "remote-cache"} exec {sys.executable} -m reconcile_host "$@"\n')
+                      f'RECONCILE_CACHE_DIR={tmp / "remote-cache"} RECONCILE_STATE_DIR={tmp / "remote-state"} '
+                      f'exec {sys.executable} -m reconcile_host "$@"\n')
     script.chmod(0o755)
     return str(script), log
 
