@@ -483,6 +483,9 @@ def execute(target: Target, request: Request, info: RemoteInfo | None = None) ->
         # as a local run prints them, and its error report for --format json/junit/prometheus.
         raise RemoteFailed(out.stderr, report=name_machine(doc, target))
     if doc is not None and "exit_code" in doc and "resources" in doc:
+        said = state_warnings(out.stderr, request.state_label)
+        if said:
+            doc["warnings"] = said
         return name_machine(doc, target)
     first = _first_contact_error(target, out, request.command) if info is None else None
     if first is not None:
@@ -495,6 +498,13 @@ def execute(target: Target, request: Request, info: RemoteInfo | None = None) ->
                           f"{journal} holds what was done; run again to reconverge "
                           "(--lock-timeout waits for an apply still running there)")
     raise RemoteError(f"connection lost during {request.command} on {target.name}: {why}")
+
+
+def state_warnings(stderr: str, label: str) -> list[str]:
+    """The far side's old-spelling warnings: the `LABEL:LINE:COL: warning: ...` lines it printed on
+    stderr (commands.load_state), the label being the --state-label sent with the state."""
+    pattern = re.compile(re.escape(label) + r":\d+:\d+: warning: ")
+    return [line for line in stderr.splitlines() if pattern.match(line)]
 
 
 def read_state(path: str) -> bytes:

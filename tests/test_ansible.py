@@ -166,7 +166,7 @@ class Fleet:
 
     def executable(self, nsd: NamespacedSystemd) -> str:
         return (f"nsenter -t {nsd.pid} -m -p -u env RECONCILE_CACHE_DIR={self.tmp / 'cache'} "
-                f"{sys.executable} -m reconcile_host")
+                f"RECONCILE_STATE_DIR={self.tmp / 'state'} {sys.executable} -m reconcile_host")
 
     def inventory(self, groups: dict[str, list[str]]) -> Path:
         known_hosts = self.tmp / "known_hosts"

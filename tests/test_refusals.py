@@ -301,6 +301,6 @@ def test_slurm_health_judges_another_machine_unhealthy(tmp_path, monkeypatch, do
     state = tmp_path / "s.yaml"
     state.write_text(f"version: 1\nhost: {{machine_id: {other_id()}}}\n" + OK_STATE.split("\n", 1)[1])
     journal = Journal.at(str(tmp_path / "journal.jsonl"))
-    verdict, _ = slurm._check(slurm.Settings(str(state), "n1", str(journal.path), apply=do_apply), journal)
+    verdict, _, _ = slurm._check(slurm.Settings(str(state), "n1", str(journal.path), apply=do_apply), journal)
     assert not verdict.healthy and verdict.problems == ("machine-mismatch",)
     assert verdict.reason.startswith("reconcile: state file: ") and other_id() in verdict.reason

@@ -108,6 +108,16 @@ class NodeState:
         return bool(FLEET_OUT_OF_SERVICE & self.flags)
 
     @property
+    def rebooting(self) -> bool:
+        """Slurm is rebooting it: the reboot handed to slurmd (REBOOT_ISSUED, `^` in sinfo), or requested
+        ASAP (REBOOT_REQUESTED, `@`, with the DRAIN `scontrol reboot ASAP` sets: no new jobs until the
+        reboot). slurmctld clears them when the node registers from its new boot (sinfo(1) NODE STATE
+        CODES, scontrol(1) `reboot`). A reboot requested without ASAP runs jobs until the node is idle:
+        not this; an unhealthy node is drained as any other."""
+        flags = self.flags
+        return "REBOOT_ISSUED" in flags or ("REBOOT_REQUESTED" in flags and "DRAIN" in flags)
+
+    @property
     def ours(self) -> bool:
         return self.reason.startswith(OWNER)
 
@@ -119,6 +129,11 @@ class Decision:
 
 
 def decide(verdict: Verdict, node: NodeState) -> Decision:
+    if node.rebooting:
+        # Its drain and reason are the reboot's (`scontrol reboot ASAP ... reason=`): a drain would
+        # replace the reason, a resume would hand the node to jobs before the reboot and the gate.
+        return Decision("none", f"Slurm is rebooting it ({node.state}"
+                                + (f", reason: {node.reason}" if node.reason else "") + "): left alone")
     if not verdict.healthy:
         if node.out_of_service and not node.ours:
             if node.reason:

@@ -420,9 +420,11 @@ class GpusReconciler(Reconciler):
 
             if FIELD in fields:
                 ready = not actions and not any(f.endswith(".healthy") for f in fields)
-                gate_actions, gate_blocked = gate_plan(spec["validate"], observed.recovery.gate, history, ready)
-                actions.extend(gate_actions)
-                blocked.extend(gate_blocked)
+                gate_actions, gate_blocked = gate_plan(spec["validate"], observed.recovery.gate, history, ready,
+                                                       spec.get("recover"))
+                planned = {(a.action, a.target) for a in actions}
+                actions.extend(a for a in gate_actions if (a.action, a.target) not in planned)
+                blocked.extend(b for b in gate_blocked if b not in blocked)
         # A pending MIG/ECC change is converging only when nothing else is to be done or blocked.
         converging = "; ".join(pending) if pending and not actions and not blocked else None
         if pending and not converging:
