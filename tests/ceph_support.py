@@ -159,13 +159,26 @@ mon_allow_pool_delete = true
 osd_crush_chooseleaf_type = 0
 mon_warn_on_pool_no_redundancy = false
 auth_allow_insecure_global_id_reclaim = false
-mon_osd_down_out_interval = 0
+mon_data_avail_warn = 1
 osd_heartbeat_grace = 600
 """
 
 
-def start_cluster(base: Path) -> Cluster:
-    c = Cluster(dir=base, port=free_port(), fsid=str(uuid.uuid4()))
+@pytest.fixture(scope="session", name="ceph_cluster")
+def session_cluster(tmp_path_factory):
+    """The session's cluster (one per xdist worker), stopped by PID at the end."""
+    if not HAVE_CEPH:
+        pytest.skip("Ceph not installed (Debian: ceph-mon ceph-osd ceph-mgr ceph-common python3-rados)")
+    c = Cluster(dir=tmp_path_factory.mktemp("ceph"), port=free_port(), fsid=str(uuid.uuid4()))
+    try:
+        start_cluster(c)
+        yield c
+    finally:
+        c.stop_all()
+
+
+def start_cluster(c: Cluster) -> Cluster:
+    base = c.dir
     for sub in ("run", "log", "crash", "mon/ceph-a", "mgr/ceph-x", "osd/ceph-0"):
         (base / sub).mkdir(parents=True, exist_ok=True)
     c.conf.write_text(CONF.format(fsid=c.fsid, port=c.port, dir=base, device_bytes=DEVICE_BYTES))
@@ -192,6 +205,6 @@ def start_cluster(base: Path) -> Cluster:
     c.ceph("osd", "pool", "create", POOL, "8")
     c.ceph("osd", "pool", "application", "enable", POOL, "rbd")
     c.ceph("auth", "get-or-create", "client.reconcile", "mon", "allow r", "mgr", "allow r",
-           "osd", f"profile rbd-read-only pool={POOL}", "-o", str(c.reader_keyring))
+           "osd", "profile rbd-read-only", "-o", str(c.reader_keyring))
     c.wait_clean()
     return c
