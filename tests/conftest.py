@@ -90,6 +90,7 @@ LANE_OF_FILE = {
     "test_mounts_trust.py": "system",
     "test_nsystemd.py": "system",
     "test_progress.py": "pure",
+    "test_pools_alerts.py": "pure",
     "test_pools_ceph.py": "system",
     "test_pools_parsers.py": "pure",
     "test_prometheus.py": "system",

@@ -57,11 +57,28 @@ def audit_lines(c: Cluster) -> list[str]:
     return c.audit_log.read_text(errors="replace").splitlines() if c.audit_log.exists() else []
 
 
-def put(c: Cluster, pool: str, tmp: Path, count: int, size: int = 4 << 20) -> None:
+def put(c: Cluster, pool: str, tmp: Path, count: int, size: int = 4 << 20, may_block: bool = False) -> int:
+    """Write COUNT objects; with MAY_BLOCK, stop at the first write that blocks (a pool flagged full
+    blocks its writers: what Ceph does) and go on. Then wait until `ceph df` counts every object
+    `rados ls` lists. The pool's stored bytes, as `ceph df` then says."""
     blob = tmp / "blob"
     blob.write_bytes(os.urandom(size))
     for i in range(count):
-        c.tool("rados", "-p", pool, "put", f"obj-{uuid.uuid4().hex[:8]}-{i}", str(blob), timeout=60)
+        argv = ["rados", "-c", str(c.conf), "-n", "client.admin", "-k", str(c.admin_keyring), "-p", pool, "put",
+                f"obj-{uuid.uuid4().hex[:8]}-{i}", str(blob)]
+        try:
+            subprocess.run(argv, check=True, capture_output=True, timeout=20 if may_block else 120)
+        except subprocess.TimeoutExpired:
+            if not may_block:
+                raise
+            break
+    return settled(c, pool)
+
+
+def settled(c: Cluster, pool: str) -> int:
+    listed = len(c.tool("rados", "-p", pool, "ls").stdout.split())
+    wait_for("`ceph df` counts what `rados ls` lists", lambda: pool_df(c, pool)["objects"] == listed)
+    return pool_df(c, pool)["stored"]
 
 
 def wait_for(what, check, deadline: float = 120.0):
@@ -79,7 +96,6 @@ def test_observes_what_ceph_says_and_writes_nothing(tmp_path, ceph_cluster, clie
     c = ceph_cluster
     pool = new_pool(c, "obs")
     put(c, pool, tmp_path, 2)
-    wait_for("df counts the writes", lambda: pool_df(c, pool)["stored"] > 0)
     before_dump = c.json("osd", "dump")
     before_df = pool_df(c, pool)
     audit_before = len(audit_lines(c))
@@ -113,8 +129,7 @@ def test_observes_what_ceph_says_and_writes_nothing(tmp_path, ceph_cluster, clie
 def test_quota_set_only_below_what_is_stored_and_its_overshoot(tmp_path, ceph_cluster):
     c = ceph_cluster
     pool = new_pool(c, "quota")
-    put(c, pool, tmp_path, 3)
-    stored = wait_for("df counts the writes", lambda: pool_df(c, pool)["stored"])
+    stored = put(c, pool, tmp_path, 3)
     want = stored + (16 << 20)  # room for four more 4 MiB objects
     path = state(tmp_path, c, pool, f"quota: {{max_bytes: {want}}}", reader=False)
     journal = tmp_path / "journal.jsonl"
@@ -134,14 +149,15 @@ def test_quota_set_only_below_what_is_stored_and_its_overshoot(tmp_path, ceph_cl
     path = state(tmp_path, c, pool, f"quota: {{max_bytes: {low}}}", reader=False)
     run = reconcile_json(tmp_path, "apply", str(path), "--journal", str(journal))
     res = one(run.doc)
-    assert res["status"] == "blocked" and "block every writer" in res["plan"]["blocked"], res
+    assert res["status"] == "blocked" and "block every writer" in res["message"], res
     assert c.json("osd", "pool", "get-quota", pool)["quota_max_bytes"] == want
 
     # Past the quota: in-flight writes overshoot it, the mon flags the pool full_quota, `ceph df`'s
     # max_avail still counts the cluster's space; reconcile's free counts the quota.
-    put(c, pool, tmp_path, 6)
+    put(c, pool, tmp_path, 6, may_block=True)
     wait_for("the pool is flagged full_quota", lambda: "full_quota" in next(
         p for p in c.json("osd", "dump")["pools"] if p["pool_name"] == pool)["flags_names"])
+    settled(c, pool)
     path = state(tmp_path, c, pool, f"healthy: true\nmin_free: 1MiB\nquota: {{max_bytes: {want}, min_free: 1MiB}}")
     run = reconcile_json(tmp_path, "diff", str(path))
     df = pool_df(c, pool)
@@ -185,8 +201,7 @@ def test_days_to_full_from_kept_observations(tmp_path, ceph_cluster):
     assert "unknown" in res["drift"][0]["have"]
     # The kept record: two observations 10 minutes apart are needed. One from 30 minutes ago is
     # put into the record reconcile wrote, holding less than now (as if the pool had grown since).
-    put(c, pool, tmp_path, 4)
-    stored = wait_for("df counts the writes", lambda: pool_df(c, pool)["stored"])
+    stored = put(c, pool, tmp_path, 4)
     (record,) = (tmp_path / "state" / "pools").iterdir()
     rec = json.loads(record.read_text())
     t0, s0 = rec["kept"][0]
@@ -198,7 +213,7 @@ def test_days_to_full_from_kept_observations(tmp_path, ceph_cluster):
     assert [s for _, s in kept] == [0, s0, stored] and o["stored"] == stored
     slope = statistics.linear_regression([t for t, _ in kept], [s for _, s in kept]).slope
     assert o["fill_rate"] == pytest.approx(slope, rel=1e-6)
-    assert o["days_to_full"] == pytest.approx(o["free"] / slope / 86400, rel=1e-6)
+    assert o["days_to_full"] == pytest.approx(o["free"] / slope / 86400, abs=1e-4)  # kept to 4 places
     fields = [d["field"] for d in one(second.doc)["drift"]]
     assert ("min_days_to_full" in fields) == (o["days_to_full"] < 5)
 
@@ -220,7 +235,7 @@ def test_ratios_are_reported_with_their_commands_never_set(tmp_path, ceph_cluste
         res = one(run.doc)
         drift = {d["field"]: d for d in res["drift"]}
         assert set(drift) == {"healthy", "ratios"} and "OSD_NEARFULL" in drift["healthy"]["have"]
-        assert f"`ceph osd set-nearfull-ratio {declared['nearfull']:g}`" in res["plan"]["blocked"]
+        assert f"`ceph osd set-nearfull-ratio {declared['nearfull']:g}`" in res["message"]
         assert round(c.json("osd", "dump")["nearfull_ratio"], 4) == low  # reported, never set
     finally:
         c.ceph("osd", "set-nearfull-ratio", str(dump["nearfull_ratio"]))
@@ -267,3 +282,49 @@ def test_an_osd_down_makes_the_numbers_an_error_not_old_news(tmp_path, ceph_clus
     finally:
         c.start_osd()
         c.wait_clean()
+
+
+def test_metrics_of_a_real_run_and_the_alert_they_fire(tmp_path, ceph_cluster):
+    """The kind's metrics read only fields of what it observed (tests/test_kind_metrics.py's check),
+    carry the observed values, and fed to promtool fire ReconcilePoolNearlyFull for the pool that is
+    nearly full counting its quota, not for the one with room."""
+    from prom_scenes import Scene, parse, promtool_file
+    from promtool_support import needs_promtool, promtool
+    from ruamel.yaml import YAML
+    from test_kind_metrics import check_metrics_reads
+
+    c = ceph_cluster
+    tight, roomy = new_pool(c, "tight"), new_pool(c, "roomy")
+    stored = put(c, tight, tmp_path, 4)
+    c.ceph("osd", "pool", "set-quota", tight, "max_bytes", str(stored + (256 << 10)))
+    path = tmp_path / "two.yaml"
+    cluster = f"{{conf: {c.conf}, id: reconcile, keyring: {c.reader_keyring}}}"
+    path.write_text(f"version: 1\npools:\n  {tight}:\n    cluster: {cluster}\n    healthy: true\n"
+                    f"  {roomy}:\n    cluster: {cluster}\n    healthy: true\n")
+    doc = reconcile_json(tmp_path, "diff", str(path)).doc
+    check_metrics_reads(doc, "pools")
+    text = run_cli(tmp_path, "diff", str(path), "--format", "prometheus").stdout
+    samples = parse(text)
+    for res in doc["resources"]:
+        o = res["observed"]
+        got = {n: v for n, labels, v in samples if labels.get("id") == res["id"] and n.startswith("reconcile_pool_")}
+        assert got["reconcile_pool_stored_bytes"] == pool_df(c, o["pool"])["stored"] == o["stored"]
+        assert got["reconcile_pool_free_bytes"] == o["free"]
+        assert ("reconcile_pool_quota_room_bytes" in got) == (o["quota_bytes"] is not None)
+        assert "reconcile_pool_days_to_full" not in got  # the first observation: unknown, not 0
+    if needs_promtool.args[0]:
+        pytest.skip(needs_promtool.kwargs["reason"])
+    rules = YAML(typ="safe").load((Path(__file__).resolve().parent.parent / "contrib" / "prometheus" /
+                                   "reconcile-ceph.rules.yml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(json.dumps(rules))
+    labels = next(lb for n, lb, _ in samples if n == "reconcile_pool_free_bytes" and lb["pool"] == tight)
+    want = {"severity": "critical", "instance": "pve1:9100", "job": "node", **labels}
+    checks = [{"eval_time": "6m", "alertname": "ReconcilePoolNearlyFull", "exp_alerts": [{"exp_labels": want}]},
+              {"eval_time": "6m", "alertname": "ReconcilePoolFillsSoon", "exp_alerts": []}]
+    test = promtool_file(tmp_path / "rules.yml", [Scene("pve1:9100").run(0, text)], 10, checks)
+    (tmp_path / "test.yml").write_text(json.dumps(test))
+    ran = promtool("test", "rules", str(tmp_path / "test.yml"), cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
