@@ -38,8 +38,9 @@ def state(tmp: Path, c: Cluster, pool: str, body: str, *, reader: bool = True, c
     keyring = keyring or (c.reader_keyring if reader else c.admin_keyring)
     path = tmp / f"{pool}.yaml"
     lines = "\n".join("    " + ln for ln in body.strip().splitlines())
+    timeout = "" if "observe_timeout" in body else "    observe_timeout: 20s\n"
     path.write_text(f"version: 1\npools:\n  {pool}:\n    cluster: {{conf: {conf or c.conf}, id: {who}, "
-                    f"keyring: {keyring}}}\n    observe_timeout: 20s\n{lines}\n")
+                    f"keyring: {keyring}}}\n{timeout}{lines}\n")
     return path
 
 

@@ -139,6 +139,9 @@ class Binding:
         left = max(1, int(deadline - time.monotonic()))
         try:
             self.handle = rados.Rados(conffile=cluster["conf"], rados_id=cluster["id"], conf=conf)
+            # connect(timeout=) alone did not bound the mon hunt here (16.2.15: still waiting after 60 s
+            # with no mon at mon_host); client_mount_timeout does (MonClient::authenticate's wait).
+            self.handle.conf_set("client_mount_timeout", str(left))
             self.handle.conf_set("rados_mon_op_timeout", str(left))
             self.handle.connect(timeout=left)
         except rados.Error as exc:
