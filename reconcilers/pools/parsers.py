@@ -29,6 +29,10 @@ FILL_CHECKS = frozenset({"OSD_FULL", "OSD_BACKFILLFULL", "OSD_NEARFULL", "OSD_FA
                          "POOL_FULL", "POOL_BACKFILLFULL", "POOL_NEARFULL", "POOL_NEAR_FULL"})
 
 
+# An erasure-coded PG's hole in its up/acting set (src/crush/crush.h CRUSH_ITEM_NONE): no OSD.
+CRUSH_ITEM_NONE = 0x7FFFFFFF
+
+
 class NotCurrent(Exception):
     """The pool's numbers cannot be current (an OSD of it down, PGs not active)."""
 
@@ -75,7 +79,8 @@ def pool_pgs(pgs: Mapping[str, Any] | list, pool: str, osd_dump: Mapping[str, An
     """The OSDs holding the pool's PGs and the PG count; NotCurrent when a PG is stale or not active,
     or one of those OSDs is down."""
     stats = pgs.get("pg_stats", []) if isinstance(pgs, Mapping) else pgs  # Ceph < 15 answers a bare list
-    osds = sorted({o for pg in stats for o in (*pg.get("up", ()), *pg.get("acting", ())) if o >= 0})
+    osds = sorted({o for pg in stats for o in (*pg.get("up", ()), *pg.get("acting", ()))
+                   if 0 <= o != CRUSH_ITEM_NONE})
     down = [o["osd"] for o in osd_dump.get("osds", ()) if o.get("osd") in osds and not o.get("up")]
     if down:
         names = ", ".join(f"osd.{o}" for o in down)
