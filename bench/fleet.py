@@ -63,6 +63,7 @@ class FleetScenario(Scenario):
         # Where the sshds listen, and nsenter's extra options for them (fleet_net.py: a network namespace).
         self.listen_addr = "127.0.0.1"
         self.sshd_ns: list[str] = []
+        self.sshd_prefix: list[str] = []  # before sshd itself (fleet_net.py: nice)
 
     # --- the machines ------------------------------------------------------------------
 
@@ -150,7 +151,8 @@ class FleetScenario(Scenario):
             "Subsystem sftp internal-sftp",
             f"SetEnv {' '.join(setenv)}",
         ]) + "\n")
-        argv = ["nsenter", "-t", str(nsd.pid), "-m", "-p", "-u", *self.sshd_ns, "--", SSHD, "-D", "-e", "-f", str(conf)]
+        argv = ["nsenter", "-t", str(nsd.pid), "-m", "-p", "-u", *self.sshd_ns, "--", *self.sshd_prefix, SSHD,
+                "-D", "-e", "-f", str(conf)]
         with open(self.work / f"sshd-{j}-{s}.log", "ab") as err:
             # Inside the targets' cgroup: every session, and all it runs, is counted there.
             self.sshds.append(subprocess.Popen(self.targets.wrap(argv), stdin=subprocess.DEVNULL,

@@ -26,6 +26,14 @@ from fleet_measure import Fleet
 from common import HERE, log, median
 
 RTTS_MS = (0.2, 5.0, 50.0)
+# How the processes measured run, on a machine shared with other work. One host at a time: at
+# real-time priority (SCHED_FIFO 10, below the relay's 50), so that one host's latency is the
+# network's and the host's own, not a turn in the run queue behind other processes (measured
+# here: nice -19 alone still left `reconcile --version` at 5x its CPU time in wall time, at load
+# 14 on 2 CPUs). Many hosts at once: nice -19 only, so that the run cannot starve the machine;
+# the check says what share of the CPUs it got.
+RT = ["chrt", "-f", "10"]
+NICE = ["nice", "-n", "-19"]
 
 
 class NetFleet(Fleet):
@@ -40,6 +48,11 @@ class NetFleet(Fleet):
         self.netns_made: list[str] = []
         self.listen_addr = self.addr_tgt
         self.sshd_ns = [f"--net=/run/netns/{self.ns_tgt}"]
+        # Every process measured (the tools, the sshds and their sessions, the namespaces' systemd)
+        # at nice -19: on a machine shared with other work, one host's latency is the network's and
+        # the host's own, not a turn in the run queue behind someone else's processes.
+        self.sshd_prefix = NICE
+        self.prio = RT  # see RT above; fleet_net sets each target process's to match (set_prio)
 
     # --- the network ----------------------------------------------------------------------
 
@@ -63,6 +76,24 @@ class NetFleet(Fleet):
     def in_ns(self, ns: str, argv: list[str]) -> list[str]:
         return ["nsenter", f"--net=/run/netns/{ns}", "--", *argv]
 
+    def measure(self, job: dict, name: str, grp=None, keep: bool = False) -> dict:
+        return super().measure({**job, "argv": [*self.prio, *job["argv"]]}, name, grp, keep)
+
+    def set_prio(self, rt: bool) -> None:
+        """The tools' priority from now on, and every target process's (the sshds, whose sessions
+        inherit it, and the namespaces' systemd)."""
+        self.prio = RT if rt else NICE
+        pids = descendants(set(self.targets.pids()) | {nsd.pid for nsd in self.nsds} | {p.pid for p in self.sshds})
+        for pid in pids:
+            try:
+                if rt:
+                    os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(10))
+                else:
+                    os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
+                    os.setpriority(os.PRIO_PROCESS, pid, -19)
+            except OSError:
+                pass  # gone meanwhile
+
     def start_relay(self, rtt_ms: float) -> float:
         """(Re)start the relay with rtt_ms/2 each way; the effective RTT a probe measures, ms."""
         self.stop_relay()
@@ -74,8 +105,9 @@ class NetFleet(Fleet):
                                       stderr=subprocess.DEVNULL, start_new_session=True)
         if self.relay.stdout.readline().strip() != b"ready":
             raise RuntimeError("the delay relay did not start")
-        out = subprocess.run(self.in_ns(self.ns_ctl, [sys.executable, str(HERE / "netdelay.py"), "--probe",
-                                                      str(self.echo_port)]),
+        # The probe at real-time priority too: the network's RTT, not this machine's wake-up delays.
+        out = subprocess.run(self.in_ns(self.ns_ctl, ["chrt", "-f", "50", sys.executable, str(HERE / "netdelay.py"),
+                                                      "--probe", str(self.echo_port)]),
                              capture_output=True, text=True, check=True, timeout=60)
         return float(out.stdout) * 1000
 
@@ -98,6 +130,8 @@ class NetFleet(Fleet):
         if self.echo.stdout.readline().strip() != b"ready":
             raise RuntimeError("the echo server did not start")
         super().start()
+        for nsd in self.nsds:
+            os.setpriority(os.PRIO_PROCESS, nsd.pid, -19)
 
     def _wait_listening(self, ports: list[int], timeout: float = 60) -> None:
         code = (f"import socket,sys,time\nd=time.monotonic()+{timeout!r}\n"
@@ -129,6 +163,7 @@ class NetFleet(Fleet):
 
     def run_at(self, rtt_ms: float, hosts: int, runs: int) -> dict:
         """Every tool on the first `hosts` hosts at this RTT: Fleet.run_fleet's rounds."""
+        self.set_prio(hosts == 1)
         eff = self.start_relay(rtt_ms)
         log(f"netfleet: RTT {rtt_ms:g} ms (a probe through the relay: {eff:.2f} ms), {hosts} host(s), {runs} runs; "
             f"load {os.getloadavg()[0]:.1f}")
@@ -139,6 +174,7 @@ class NetFleet(Fleet):
         finally:
             self.args.fleet_hosts, self.args.fleet_runs = saved
         return {"rtt_ms": rtt_ms, "rtt_effective_ms": eff, "hosts": hosts, "load": os.getloadavg(),
+                "priority": " ".join(self.prio),
                 "tools": self.results.pop("fleet")[str(hosts)]}
 
 
@@ -159,6 +195,22 @@ def startups(f: NetFleet, reps: int = 5) -> dict:
         rows = [f.measure(job, f"startup-{tool}-{i}") for i in range(reps + 1)][1:]
         out[tool] = {"wall": median([r["wall"] for r in rows]), "cpu": median([r["cpu"] for r in rows])}
         log(f"netfleet: {tool} start-up {out[tool]['wall']:.3f}s wall, {out[tool]['cpu']:.3f}s CPU")
+    return out
+
+
+def descendants(pids: set[int]) -> set[int]:
+    out, todo = set(), list(pids)
+    while todo and len(out) < 100000:
+        pid = todo.pop()
+        if pid in out:
+            continue
+        out.add(pid)
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
     return out
 
 
@@ -207,6 +259,7 @@ def main_netfleet(args) -> dict:
             rows.append(f.run_at(0.2, big, max(1, args.fleet_runs // 3)))
     finally:
         f.stop()
-    return {"rows": rows, "summary": summary(rows), "startups": starts, "parallel": args.fleet_parallel,
+    return {"rows": rows, "summary": summary(rows), "startups": starts, "probe": "fifo",
+            "parallel": args.fleet_parallel,
             "files": args.fleet_files, "namespaces": args.fleet_namespaces, "gpus": f.gpus,
             "seconds": time.monotonic() - t0, "cpus": os.cpu_count()}

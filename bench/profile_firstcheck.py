@@ -25,6 +25,7 @@ import cProfile
 import json
 import os
 import pstats
+import resource
 import shutil
 import statistics
 import subprocess
@@ -38,15 +39,22 @@ from common import ROOT, log
 N = 37_312
 
 
-def timed_calls(mod, name: str, sink: list[float]):
+def clocks() -> tuple[float, float]:
+    """(wall, CPU of this process and of the children it waited for), seconds."""
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter(), time.process_time() + ch.ru_utime + ch.ru_stime
+
+
+def timed_calls(mod, name: str, sink: list[tuple[float, float]]):
     fn = getattr(mod, name)
 
     def wrapper(*a, **kw):
-        t0 = time.perf_counter()
+        w0, c0 = clocks()
         try:
             return fn(*a, **kw)
         finally:
-            sink.append(time.perf_counter() - t0)
+            w1, c1 = clocks()
+            sink.append((w1 - w0, c1 - c0))
 
     setattr(mod, name, wrapper)
     return fn
@@ -69,19 +77,21 @@ def main() -> int:
         # start-up: a fresh process, no resource
         empty = work / "empty.json"
         empty.write_text(json.dumps({"version": 1}))
-        walls = []
+        walls, cpus = [], []
         for _ in range(a.runs + 1):
-            t0 = time.perf_counter()
+            w0, c0 = clocks()
             subprocess.run([sys.executable, "-m", "reconcile_host", "diff", str(empty), "--format", "json"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-            walls.append(time.perf_counter() - t0)
-        out["startup"] = statistics.median(walls[1:])
+            w1, c1 = clocks()
+            walls.append(w1 - w0)
+            cpus.append(c1 - c0)
+        out["startup_wall"], out["startup_cpu"] = statistics.median(walls[1:]), statistics.median(cpus[1:])
 
         from reconcile_host.local.host import LocalHost
         from reconcile_host.reconcilers import extractions as ext
         from reconcile_host.reconcilers.extractions import records, tally
 
-        sinks: dict[str, list[float]] = {"walk": [], "check": [], "records": []}
+        sinks: dict[str, list[tuple[float, float]]] = {"walk": [], "check": [], "records": []}
         timed_calls(ext, "list_tree", sinks["walk"])
         timed_calls(ext.tally, "run", sinks["check"])
         timed_calls(ext, "write_json", sinks["records"])
@@ -96,11 +106,13 @@ def main() -> int:
             shutil.rmtree(work / "state", ignore_errors=True)  # no record: a first check
             for s in sinks.values():
                 s.clear()
-            t0 = time.perf_counter()
+            w0, c0 = clocks()
             obs = rec.observe(host, [res])[res.id]
-            total = time.perf_counter() - t0
+            w1, c1 = clocks()
             assert obs.checked == N, obs
-            return {"observe": total, **{k: sum(v) for k, v in sinks.items()},
+            return {"observe_wall": w1 - w0, "observe_cpu": c1 - c0,
+                    **{f"{k}_wall": sum(x[0] for x in v) for k, v in sinks.items()},
+                    **{f"{k}_cpu": sum(x[1] for x in v) for k, v in sinks.items()},
                     "content_checked": obs.content_checked}
 
         for workers in (None, "1"):
@@ -128,14 +140,17 @@ def main() -> int:
                 check_path(f, dp, dir_fd=fds[d])
 
         per: dict[str, list[float]] = {"floor": [], "structure": [], "content": []}
+        per_cpu: dict[str, list[float]] = {"floor": [], "structure": [], "content": []}
         newest = names[-4000:]
         for _ in range(a.runs):
             for label, fn, files in (("floor", floor, names), ("structure", lambda fs: depth(fs, STRUCTURE), names),
                                      ("content", lambda fs: depth(fs, CONTENT), newest)):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 fn(files)
                 per[label].append((time.perf_counter() - t0) / len(files) * 1e6)
-        out["per_file_us"] = {k: statistics.median(v) for k, v in per.items()}
+                per_cpu[label].append((time.thread_time() - c0) / len(files) * 1e6)
+        out["per_file_us_wall"] = {k: statistics.median(v) for k, v in per.items()}
+        out["per_file_us_cpu"] = {k: statistics.median(v) for k, v in per_cpu.items()}
         for fd in fds.values():
             os.close(fd)
 
