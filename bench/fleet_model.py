@@ -2,18 +2,22 @@
 
 The model, per tool and round-trip time (RTT):
 
-    W(N, P) = s + max(ceil(N / P) * h,  N * c / K)
+    W(N, P) = F + max(ceil(N / P) * h,  N * c / K)
 
-- s: the controller's start-up with no host (`TOOL --version`, measured);
-- h: one host's own latency: the one-host run's wall minus s (an upper bound: a playbook's parse
-  is counted in h, not in s). Waves of P hosts run at once, each as long as one host: the fan-out
-  waits on the network and the targets, not on each other (every tool here keeps P sessions open
-  at once: reconcile's thread per host, pyinfra's greenlets, Ansible's forks);
-- c: the controller's CPU per host (the one-host run's CPU minus the start-up's), K the
-  controller's cores: past N*c/K the controller itself is the bottleneck.
+- c: the controller's CPU per host: (CPU of the N-host run - CPU of the one-host run) / (N - 1),
+  both at 0.2 ms (what each extra host adds: its ssh client, its thread or fork, its report);
+- F: the run's fixed part: the one-host run's controller CPU less c (the interpreter, the imports,
+  reading the inventory and the state, the summary; it runs on the controller alone, at its
+  start and end);
+- h: one host's own latency: the one-host run's wall at that RTT less F. Waves of P hosts run at
+  once, each as long as one host: the fan-out waits on the network and the targets, not on each
+  other (every tool here keeps P sessions open at once: reconcile's thread per host, pyinfra's
+  greenlets, Ansible's forks);
+- K: the controller's cores: past N * c / K the controller itself is the bottleneck.
 Targets are other machines in a real fleet: their CPU is in h, not in the controller's sum.
-Checked against a measured run of many hosts here, where the targets share this machine's
-cores: the check adds the targets' CPU to the controller's (N * (c + t) / K).
+Checked against the N-host run here, where the targets share this machine's cores and other
+work shares them too: the check adds the targets' CPU per host t to c, and takes for K the
+CPUs the run actually got (its processes' CPU time / its wall time).
 """
 
 from __future__ import annotations
@@ -46,11 +50,31 @@ def one_host(res: dict) -> dict:
     return out
 
 
+def big_run(res: dict) -> dict | None:
+    return next((r for r in res["rows"] if r["hosts"] > 1), None)
+
+
+def per_host_cpu(res: dict, tool: str) -> float | None:
+    """c: the controller's CPU per extra host, from the one-host and the N-host runs at that RTT."""
+    b = big_run(res)
+    if b is None or not (b["tools"].get(tool, {}).get("runs")):
+        return None
+    one = one_host(res)[tool].get(b["rtt_ms"])
+    if one is None:
+        return None
+    big = median([r["cpu"] for r in b["tools"][tool]["runs"]])
+    return max(0.0, (big - one["cpu"]) / (b["hosts"] - 1))
+
+
 def params(res: dict, tool: str, rtt: float) -> tuple[float, float, float, float]:
-    """(s, h, c, t) of the model for this tool at this RTT, seconds."""
+    """(F, h, c, t) of the model for this tool at this RTT, seconds."""
     m = one_host(res)[tool][rtt]
-    st = res["startups"].get(START[tool], {"wall": 0.0, "cpu": 0.0})
-    return st["wall"], max(0.0, m["wall"] - st["wall"]), max(0.0, m["cpu"] - st["cpu"]), m["target_cpu"]
+    c = per_host_cpu(res, tool)
+    if c is None:  # no many-host run: the start-up alone is the fixed part
+        f = res["startups"].get(START[tool], {"cpu": 0.0})["cpu"]
+        c = max(0.0, m["cpu"] - f)
+    f = max(0.0, m["cpu"] - c)
+    return f, max(0.0, m["wall"] - f), c, m["target_cpu"]
 
 
 def project(s: float, h: float, c: float, n: int, p: int, k: int, t: float = 0.0) -> float:
@@ -94,10 +118,10 @@ def report(meta: dict, res: dict) -> str:
                  if lo in m[tool] and hi in m[tool] else float("nan"))
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {trips:.1f} |")
     lines += ["", "## Projected: N hosts at --parallel P", "",
-              f"W(N, P) = s + max(ceil(N/P) · h, N · c / K), K = {k} controller cores (bench/fleet_model.py). "
-              "Seconds:", "",
-              "| tool | RTT ms | h s | c ms | 100, P 10 | 100, P 50 | 1,000, P 10 | 1,000, P 50 |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+              f"W(N, P) = F + max(ceil(N/P) · h, N · c / K), K = {k} controller cores (bench/fleet_model.py: F "
+              "the run's fixed part, h one host's latency, c the controller's CPU per host). Seconds:", "",
+              "| tool | RTT ms | F s | h s | c ms | 100, P 10 | 100, P 50 | 1,000, P 10 | 1,000, P 50 |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for tool, label in TOOLS:
         if tool not in m:
             continue
@@ -106,28 +130,29 @@ def report(meta: dict, res: dict) -> str:
                 continue
             s, h, c, _t = params(res, tool, r)
             cells = [project(s, h, c, n, p, k) for n in (100, 1000) for p in (10, 50)]
-            lines.append(f"| {label} | {r:g} | {h:.3f} | {c * 1000:.0f} | "
+            lines.append(f"| {label} | {r:g} | {s:.2f} | {h:.3f} | {c * 1000:.0f} | "
                          + " | ".join(f"{x:,.1f}" for x in cells) + " |")
-    big = [r for r in res["rows"] if r["hosts"] > 1]
-    if big:
-        b = big[0]
+    b = big_run(res)
+    if b:
         n, p = b["hosts"], res["parallel"]
         lines += ["", f"## The check: {n} hosts measured at {b['rtt_ms']:g} ms, --parallel {p}", "",
-                  f"All {n} targets on this machine's {k} cores (load {b['load'][0]:.1f} after): the model with "
-                  "the targets' CPU added to the controller's, N · (c + t) / K, against the measured wall.", "",
-                  "| tool | measured wall s | projected s (c + t) | projected ÷ measured "
-                  "| projected s, targets elsewhere |",
-                  "|---|---:|---:|---:|---:|"]
+                  f"All {n} targets on this machine's {k} cores, beside other work (load {b['load'][0]:.1f} after; "
+                  f"{b.get('priority', '')}): the model with the targets' CPU per host added to the controller's, "
+                  "N · (c + t) / K', K' the CPUs the run got (its CPU time ÷ its wall), against the measured wall.", "",
+                  "| tool | measured wall s | controller + targets' CPU s | K' | projected s | projected ÷ measured |",
+                  "|---|---:|---:|---:|---:|---:|"]
         for tool, label in TOOLS:
             rs = b["tools"].get(tool, {}).get("runs") or []
             if not rs or tool not in m or b["rtt_ms"] not in m[tool]:
                 continue
             w = median([r["wall"] for r in rs])
+            cpu = median([r["cpu"] + r["target_cpu"] for r in rs])
+            kk = cpu / w
             s, h, c, t = params(res, tool, b["rtt_ms"])
-            pr = project(s, h, c, n, p, k, t)
+            pr = project(s, h, c, n, p, kk, t)
             bad = sum(len(r["problems"]) for r in rs)
-            lines.append(f"| {label} | {w:.2f}{' ⚠' if bad else ''} | {pr:.2f} | {pr / w:.2f} | "
-                         f"{project(s, h, c, n, p, k):.2f} |")
+            lines.append(f"| {label} | {w:.2f}{' ⚠' if bad else ''} | {cpu:.2f} | {kk:.2f} | {pr:.2f} | "
+                         f"{pr / w:.2f} |")
     return "\n".join(lines) + "\n"
 
 

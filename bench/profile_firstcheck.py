@@ -64,6 +64,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/var/tmp/reconcile-bench")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--no-observe", action="store_true", help="skip the start-up and the observes (per file only)")
     a = ap.parse_args()
     root = Path(a.dir) / f"specforge-{N}"
     if not root.is_dir():
@@ -78,14 +79,15 @@ def main() -> int:
         empty = work / "empty.json"
         empty.write_text(json.dumps({"version": 1}))
         walls, cpus = [], []
-        for _ in range(a.runs + 1):
+        for _ in range(0 if a.no_observe else a.runs + 1):
             w0, c0 = clocks()
             subprocess.run([sys.executable, "-m", "reconcile_host", "diff", str(empty), "--format", "json"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
             w1, c1 = clocks()
             walls.append(w1 - w0)
             cpus.append(c1 - c0)
-        out["startup_wall"], out["startup_cpu"] = statistics.median(walls[1:]), statistics.median(cpus[1:])
+        if walls:
+            out["startup_wall"], out["startup_cpu"] = statistics.median(walls[1:]), statistics.median(cpus[1:])
 
         from reconcile_host.local.host import LocalHost
         from reconcile_host.reconcilers import extractions as ext
@@ -115,7 +117,7 @@ def main() -> int:
                     **{f"{k}_cpu": sum(x[1] for x in v) for k, v in sinks.items()},
                     "content_checked": obs.content_checked}
 
-        for workers in (None, "1"):
+        for workers in () if a.no_observe else (None, "1"):
             rows = [observe_once(workers) for _ in range(a.runs)]
             out[f"observe_workers_{workers or 'all'}"] = {k: statistics.median([r[k] for r in rows]) for k in rows[0]}
             log(f"observe (workers {workers or 'all'}): " + json.dumps(out[f"observe_workers_{workers or 'all'}"]))
@@ -127,7 +129,7 @@ def main() -> int:
         names = []
         for d in sorted(os.listdir(root)):
             names += [(d, f) for f in sorted(os.listdir(root / d))]
-        fds = {d: os.open(root / d, os.O_RDONLY | os.O_DIRECTORY) for d, _ in names}
+        fds = {d: os.open(root / d, os.O_RDONLY | os.O_DIRECTORY) for d in {d for d, _ in names}}
 
         def floor(files):
             for d, f in files:

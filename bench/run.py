@@ -67,6 +67,10 @@ def main() -> None:
     ap.add_argument("--fleet-namespaces", type=int, default=5, help="namespaced systemds the hosts share (default 5)")
     ap.add_argument("--fleet-files", type=int, default=2000, help="sample files in each fleet host's /data (2000)")
     ap.add_argument("--fleet-runs", type=int, help="timed runs per tool and host count (default 3; --quick 1)")
+    ap.add_argument("--netfleet-skip", default="",
+                    help="--only netfleet: tools left out of the many-host run (comma list: ansible,pyinfra)")
+    ap.add_argument("--netfleet-big-rt", action="store_true",
+                    help="--only netfleet: the many-host run at real-time priority too (it takes the machine)")
     ap.add_argument("--fleet-compare", metavar="RECONCILE",
                     help="also time this reconcile console script (e.g. main's, installed in a venv of its own), "
                          "on the controller and on the targets alike: a before/after in one run")
