@@ -49,6 +49,8 @@ class CheckpointsReconciler(Reconciler):
                 "model_only": bool(spec.get("model_only", False)),
                 "observe_timeout": parse_duration(spec.get("observe_timeout", DEFAULT_OBSERVE_TIMEOUT)),
             }
+            if spec.get("layout") == "fabric":  # its rule is declared (the schema requires both)
+                norm.update(pattern=spec["pattern"], pick=spec["pick"])
             out.append(Resource(id=f"checkpoint:{name}", kind=self.kind, name=name, spec=norm,
                                 needs=tuple(spec.get("needs", ()))))
         return out
@@ -154,8 +156,9 @@ class CheckpointsReconciler(Reconciler):
 
 
 def _noun(o: CheckpointsObserved) -> str:
-    """What a checkpoint's number is: Accelerate's checkpoint_N counts saves, not steps."""
-    return "checkpoint" if o.layout == "accelerate" else "step"
+    """What a checkpoint's number is: Accelerate's checkpoint_N counts saves, not steps; a Fabric
+    checkpoint's is its place in the declared pick order."""
+    return "checkpoint" if o.layout in ("accelerate", "fabric") else "step"
 
 
 def _at(o: CheckpointsObserved, n: int | None) -> str:

@@ -8,7 +8,9 @@ the plan saw if the directory changed since), none deleting anything:
   is not recursive and `.reconcile-quarantine` has no `.ckpt` suffix; DeepSpeed and Megatron read
   only what their pointer names; torchtitan matches `step-N` at the top; Accelerate's
   load_state and total_limit cleanup read every entry of `checkpoints/` (and crash on one without a
-  number), so its quarantine is in the project_dir, beside `checkpoints/`;
+  number), so its quarantine is in the project_dir, beside `checkpoints/`; litgpt's resume walks
+  every folder below out_dir (rglob, hidden ones too) and the Fabric example's lists every entry
+  of its folder, so theirs is beside dir, in its parent (<parent>/.reconcile-quarantine/<time>/<dir name>/);
 - point: DeepSpeed's `latest` or Megatron's tracker rewritten durably: a temporary file beside
   it, fsync, rename over it, fsync of the directory (the old text is kept in the quarantine);
 - last: Lightning's last.ckpt made the newest whole step file: a copy (or, where the job saves
@@ -26,6 +28,7 @@ from typing import Any
 from ...common.quarantine import QUARANTINE, new_quarantine_dir
 from ...core.atomic import fsync_dir, write_json, write_text
 from ...core.contract import ApplyError, utc_iso
+from .added import BESIDE
 from .layouts import ACC_FOLDER
 from .observed import CheckpointsObserved, NotCheckable
 from .survey import survey
@@ -80,8 +83,12 @@ def quarantine(spec: dict[str, Any], name: str, steps: list[dict[str, Any]]) -> 
                 continue
             src = os.path.join(root, rel)
             st = os.lstat(src)
-            qdir = qdir or _qdir(root)
-            dst = os.path.join(qdir, rel)  # accelerate: <dir>/.reconcile-quarantine/T/checkpoints/checkpoint_N,
+            if obs.layout in BESIDE:  # beside dir: the framework's rule walks or lists all of dir
+                qdir = qdir or _qdir(os.path.dirname(os.path.abspath(root)))
+                dst = os.path.join(qdir, os.path.basename(os.path.abspath(root)), rel)
+            else:
+                qdir = qdir or _qdir(root)
+                dst = os.path.join(qdir, rel)  # accelerate: <dir>/.reconcile-quarantine/T/checkpoints/checkpoint_N,
             os.makedirs(os.path.dirname(dst), exist_ok=True)  # beside checkpoints/, never in it (its rule)
             os.rename(src, dst)
             moved.append({"path": rel, "original": src, "moved_to": os.path.relpath(dst, root),

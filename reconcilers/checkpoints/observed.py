@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LAYOUTS = ("hf-trainer", "lightning", "deepspeed", "dcp", "megatron", "accelerate")
+LAYOUTS = ("hf-trainer", "lightning", "deepspeed", "dcp", "megatron", "accelerate", "diffusers", "litgpt", "fabric",
+           "orbax")
 
 
 class NotCheckable(ValueError):
