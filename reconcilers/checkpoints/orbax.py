@@ -110,72 +110,69 @@ def step(tree: Tree, rel: str, depth: str) -> StepObserved:
 
 
 def _ocdbt(tree: Tree, rel: str, depth: str) -> tuple[str, bool]:
-    """(why not whole, stored raw) of one file of an OCDBT store; other files: ("", False)."""
+    """(why not whole, values stored raw) of one file of an OCDBT store; other files: ("", False).
+    A data file is a run of records, each an encoded node (magic, length, ..., CRC-32C) or a value
+    compressed as zstd frames; walked record by record to its end exactly."""
     short = rel.rsplit("/", 1)[-1]
-    inside = "/d/" in rel or short == "manifest.ocdbt" or short.startswith("manifest.")
-    if not inside:
+    if not ("/d/" in rel or short.startswith("manifest.")):
         return "", False
     fd = tree.open_regular(rel)
     try:
         size = os.fstat(fd).st_size
-        head = os.pread(fd, 12, 0)
-        if head[:4] in OCDBT_MAGIC:
-            if len(head) < 12:
-                return f"{size} bytes: cut inside its header", False
-            (length,) = struct.unpack_from("<Q", head, 4)
-            if length != size:
-                return f"{size} bytes, its header says {length} (cut short)", False
-            if depth == "content":
-                data = os.pread(fd, size, 0)
-                (want,) = struct.unpack_from("<I", data, size - 4)
-                if crc32c(memoryview(data)[:size - 4]) != want:
-                    return "CRC-32C does not match (damaged)", False
-            return "", False
-        if len(head) >= 4 and struct.unpack_from("<I", head)[0] == ZSTD_MAGIC:
-            return _zstd_walk(fd, size), False
-        return "", True
+        at = 0
+        while at < size:
+            head = os.pread(fd, 12, at)
+            if head[:4] in OCDBT_MAGIC:
+                if len(head) < 12:
+                    return f"{size} bytes: cut inside the header of the record at byte {at}", False
+                (length,) = struct.unpack_from("<Q", head, 4)
+                if length < 16 or at + length > size:
+                    return f"{size} bytes: the record at byte {at} says {length} bytes (cut short)", False
+                if depth == "content":
+                    data = os.pread(fd, length, at)
+                    (want,) = struct.unpack_from("<I", data, length - 4)
+                    if crc32c(memoryview(data)[:length - 4]) != want:
+                        return f"the record at byte {at}: CRC-32C does not match (damaged)", False
+                at += length
+            elif len(head) >= 4 and struct.unpack_from("<I", head)[0] == ZSTD_MAGIC:
+                at, why = _zstd_frame(fd, size, at)
+                if why:
+                    return why, False
+            elif at == 0 and short.startswith("manifest."):
+                return "not an OCDBT manifest (no magic): damaged", False
+            else:
+                return "", True  # a value stored raw: no length to walk, no checksum
+        return "", False
     finally:
         os.close(fd)
 
 
-def _zstd_walk(fd: int, size: int) -> str:
-    """Every zstd frame (RFC 8878 3.1.1) and skippable frame to the end of the file exactly."""
-    at = 0
-    while at < size:
-        head = os.pread(fd, 18, at)
-        if len(head) < 4:
-            return f"cut at byte {at} (inside a frame's magic)"
-        (magic,) = struct.unpack_from("<I", head)
-        if 0x184D2A50 <= magic <= 0x184D2A5F:  # skippable frame
-            if len(head) < 8:
-                return f"cut at byte {at}"
-            at += 8 + struct.unpack_from("<I", head, 4)[0]
-            continue
-        if magic != ZSTD_MAGIC:
-            return f"byte {at}: not a zstd frame (damaged)"
-        if len(head) < 5:
-            return f"cut at byte {at} (frame header)"
-        fhd = head[4]
-        single = (fhd >> 5) & 1
-        fcs = (1 if single else 0, 2, 4, 8)[fhd >> 6]
-        header = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + fcs
-        at += header
-        checksum = 4 if (fhd >> 2) & 1 else 0
-        while True:
-            b = os.pread(fd, 3, at)
-            if len(b) < 3:
-                return f"cut at byte {at} (inside a block header): {size} bytes"
-            h = b[0] | b[1] << 8 | b[2] << 16
-            last, kind, n = h & 1, (h >> 1) & 3, h >> 3
-            if kind == 3:
-                return f"byte {at}: a reserved block type (damaged)"
-            at += 3 + (1 if kind == 1 else n)
-            if at > size:
-                return f"a block runs to byte {at}, past the end ({size} bytes): cut short"
-            if last:
-                break
-        at += checksum
-    return "" if at == size else f"the last frame runs to byte {at}, past the end ({size} bytes): cut short"
+def _zstd_frame(fd: int, size: int, at: int) -> tuple[int, str]:
+    """The end of the zstd frame at AT (RFC 8878 3.1.1: header, blocks, optional checksum), or why
+    it cannot end inside the file."""
+    head = os.pread(fd, 18, at)
+    if len(head) < 5:
+        return at, f"cut at byte {at} (a zstd frame header)"
+    fhd = head[4]
+    single = (fhd >> 5) & 1
+    at += 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3] + (1 if single else 0, 2, 4, 8)[fhd >> 6]
+    while True:
+        b = os.pread(fd, 3, at)
+        if len(b) < 3:
+            return at, f"{size} bytes: cut at byte {at}, inside a zstd block header"
+        h = b[0] | b[1] << 8 | b[2] << 16
+        last, kind, n = h & 1, (h >> 1) & 3, h >> 3
+        if kind == 3:
+            return at, f"byte {at}: a reserved zstd block type (damaged)"
+        at += 3 + (1 if kind == 1 else n)
+        if at > size:
+            return at, f"{size} bytes: a zstd block runs to byte {at} (cut short)"
+        if last:
+            break
+    at += 4 if (fhd >> 2) & 1 else 0
+    if at > size:
+        return at, f"{size} bytes: a zstd frame's checksum runs to byte {at} (cut short)"
+    return at, ""
 
 
 def _table() -> list[int]:
