@@ -23,6 +23,7 @@ from pathlib import Path
 
 import checkpoints_support as cs
 import pytest
+from cli_support import reconcile_json
 
 STEPS, EVERY, TOTAL = 8, 2, 10
 FABRIC = {"layout": "fabric", "pattern": "'*'", "pick": "lexicographic"}  # the example's rule: every entry
@@ -190,7 +191,7 @@ def test_orbax_ignores_a_killed_saves_temporary_folder(reference, tmp_path):
     assert got["losses"] == {k: v for k, v in ref["losses"].items() if int(k) > STEPS}
 
 
-@pytest.mark.parametrize("layout", ["diffusers", "litgpt", "orbax"])
+@pytest.mark.parametrize("layout", ["diffusers", "litgpt", "orbax", "lightning"])
 def test_detected_from_the_frameworks_own_files(reference, tmp_path, layout):
     ref_run, _ = reference(layout)
     run = cs.copy_run(ref_run, tmp_path / "run")
@@ -200,9 +201,44 @@ def test_detected_from_the_frameworks_own_files(reference, tmp_path, layout):
     assert o["resume_step"] == o["newest_whole_step"] == STEPS
 
 
-def _error(tmp_path: Path, state: Path) -> str:
-    from cli_support import reconcile_json
+@pytest.mark.parametrize("layout,stray", [("diffusers", "checkpoints"), ("litgpt", "step-best")])
+def test_an_entry_the_rule_cannot_number_is_blocked_in_the_frameworks_words(reference, tmp_path, layout, stray):
+    """An entry the rule takes but cannot number (a `checkpoints/` folder beside a diffusers
+    example's saves; a `step-best/` holding a copy of lit_model.pth): the framework's own resume
+    raises; reconcile says which exception, and moves nothing (it is not a checkpoint)."""
+    python = cs.framework_python(layout)
+    ref_run, _ = reference(layout)
+    run = cs.copy_run(ref_run, tmp_path / "run")
+    (run / stray).mkdir()
+    if layout == "litgpt":
+        shutil.copy2(run / f"step-{STEPS:08d}" / "lit_model.pth", run / stray / "lit_model.pth")
+    rc, _, err = cs.train(python, layout, cs.copy_run(run, tmp_path / "bare"), TOTAL, EVERY, tmp_path / "b.json",
+                          resume=True)
+    kind, _ = cs.raised(err)
+    assert rc != 0 and kind, err
+    state = _state(tmp_path, "run", run, layout)
+    res = cs.observed(tmp_path, state)
+    assert res["status"] == "blocked" and kind in res["drift"][0]["have"], (res, kind)
+    before = _inventory(run)
+    _, doc, _ = reconcile_json(tmp_path, "apply", str(state), timeout=300)
+    (done,) = doc["resources"]
+    assert done["status"] == "blocked" and not done["actions"] and _inventory(run) == before, done
 
+
+def test_fabric_saves_declared_as_lightning_is_an_error(reference, tmp_path):
+    """`layout: lightning` on a Fabric script's `.ckpt` files: Lightning's rule (a last*.ckpt)
+    is not the job's, and making a last.ckpt would become the example's sorted(listdir) pick for
+    good: an error naming the declaration that works, nothing made."""
+    ref_run, _ = reference("fabric")
+    run = cs.copy_run(ref_run, tmp_path / "run")
+    said = _error(tmp_path, cs.state(tmp_path, "run", run, layout="lightning"))
+    assert "fabric" in said and "pytorch-lightning_version" in said, said
+    code, doc, _ = reconcile_json(tmp_path, "apply", str(cs.state(tmp_path, "run", run, layout="lightning")),
+                                  timeout=300)
+    assert code != 0 and not (run / "last.ckpt").exists(), doc
+
+
+def _error(tmp_path: Path, state: Path) -> str:
     code, doc, stderr = reconcile_json(tmp_path, "diff", str(state), timeout=300)
     (res,) = doc["resources"]
     assert code == 1 and res["status"] == "error", (res, stderr)

@@ -55,7 +55,7 @@ def _sub(tree: Tree, name: str) -> list[str]:
         return []
 
 
-def _lightning_keys(tree: Tree, name: str) -> bool:
+def lightning_keys(tree: Tree, name: str) -> bool:
     """The pickle of a `.ckpt` (a torch.save ZIP) names Lightning's version key."""
     try:
         fd = tree.open_regular(name)
@@ -113,7 +113,7 @@ def evidence(tree: Tree) -> dict[str, str]:
     ckpts = sorted((e for e in entries if e.kind == "file" and e.name.endswith(".ckpt")),
                    key=lambda e: -e.mtime_ns)[:8]  # the newest few: a torn one proves nothing
     for e in ckpts:
-        if _lightning_keys(tree, e.name):
+        if lightning_keys(tree, e.name):
             found.setdefault("lightning", e.name)
             break
     return found

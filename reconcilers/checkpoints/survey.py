@@ -95,6 +95,8 @@ def survey(spec: dict[str, Any], beat: Callable[[], None] | None = None) -> Chec
         _sees_nothing(root, layout)
     if not detected:
         _other_framework(root, layout)
+        if layout == "lightning":
+            _not_lightnings(root, steps)
     if verify == "at-risk":
         steps = _deepen(steps, pick, book, check)
     book.save()
@@ -196,6 +198,21 @@ def _empty(layout: str) -> str:
 def _evidence(root: str) -> dict[str, str]:
     with Tree.open(root) as tree:
         return D.evidence(tree)
+
+
+def _not_lightnings(root: str, steps: list[StepObserved]) -> None:
+    """`layout: lightning` on `.ckpt` files none of which Lightning wrote (no whole one's pickle
+    names `pytorch-lightning_version`: a Fabric script's saves): its rule would look for a
+    last*.ckpt the job never reads, and apply would make one the job's own rule might then pick."""
+    whole = sorted((s for s in steps if s.whole), key=lambda s: -s.mtime)[:8]
+    if not whole:
+        return
+    with Tree.open(root) as tree:
+        if any(D.lightning_keys(tree, s.path) for s in whole):
+            return
+    raise NotCheckable(f"layout lightning declared, but no .ckpt in {root} holds Lightning's keys "
+                       f"(pytorch-lightning_version), e.g. {whole[0].path}: not Lightning's saves (a Fabric "
+                       f"script's?); declare {D.declaration('fabric')}")
 
 
 def _other_framework(root: str, layout: str) -> None:
