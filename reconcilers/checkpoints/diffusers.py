@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from collections.abc import Callable
 
 from ...common.usertree import Tree, UnsafeTree
@@ -76,7 +77,7 @@ def resume(tree: Tree) -> tuple[str | None, str, str]:
                "IndexError")
         return "", why, why + "; move it out of the output_dir by hand"
     pick = sorted(cands, key=lambda n: key(n))[-1]  # type: ignore[arg-type,return-value]
-    if tree.lstat(pick).st_mode & 0o170000 != 0o040000:
+    if not stat.S_ISDIR(tree.lstat(pick).st_mode):
         why = f"{pick}, the highest number, is not a folder: load_state() has nothing to load there and raises"
         return pick, why, why + "; move it out of the output_dir by hand"
     return pick, "", ""
