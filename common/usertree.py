@@ -8,6 +8,7 @@ before the full module lands; the full implementation replaces this file whole.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -75,7 +76,7 @@ class Tree:
                 try:
                     nxt = os.open(p, _DIR, dir_fd=fd)
                 except OSError as exc:
-                    if exc.errno in (40, 20):  # ELOOP: a symlink; ENOTDIR
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a symbolic link, or not a folder
                         raise UnsafeTree(exc.errno, f"{'/'.join(parts)}: not a directory (a symlink?)") from None
                     raise
                 os.close(fd)
@@ -120,7 +121,7 @@ class Tree:
             try:
                 f = os.open(parts[-1], _REG, dir_fd=fd)
             except OSError as exc:
-                if exc.errno == 40:
+                if exc.errno == errno.ELOOP:
                     raise UnsafeTree(exc.errno, f"{rel}: a symbolic link") from None
                 raise
         finally:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from ...common.usertree import Tree, UnsafeTree
 from .accelerate import CUSTOM, OPTIONAL, RANDOM, REQUIRED
 from .layouts import TEMP_NAME
-from .observed import StepObserved
+from .observed import NotCheckable, StepObserved
 from .treefiles import check_file, tree_mtime_size
 
 RULE = ("the entry of the output_dir starting with `checkpoint` with the highest int(name.split(\"-\")[1]) (diffusers "
@@ -77,6 +77,9 @@ def resume(tree: Tree) -> tuple[str | None, str, str]:
                "IndexError")
         return "", why, why + "; move it out of the output_dir by hand"
     pick = sorted(cands, key=lambda n: key(n))[-1]  # type: ignore[arg-type,return-value]
+    if stat.S_ISLNK(tree.lstat(pick).st_mode):
+        raise NotCheckable(f"{tree.path}/{pick}, the script's pick, is a symbolic link: load_state() would read "
+                           "where it points; reconcile does not follow links in a user's tree")
     if not stat.S_ISDIR(tree.lstat(pick).st_mode):
         why = f"{pick}, the highest number, is not a folder: load_state() has nothing to load there and raises"
         return pick, why, why + "; move it out of the output_dir by hand"

@@ -52,6 +52,9 @@ def matches(tree: Tree) -> list[tuple[str, str]]:
                 raise NotCheckable(f"{tree.path}: more than {MOST} entries below it: litgpt's rglob would walk them "
                                    "all; not walked")
             rel = f"{d}/{e.name}" if d else e.name
+            if e.kind == "symlink" and (fnmatch.fnmatchcase(e.name, "step-*") or fnmatch.fnmatchcase(e.name, "*.pth")):
+                raise NotCheckable(f"{tree.path}/{rel}: a symbolic link litgpt's rglob would follow (its last two "
+                                   "parts match through links); reconcile does not follow links in a user's tree")
             if e.kind == "dir":
                 todo.append(rel)
             elif fnmatch.fnmatchcase(d.rsplit("/", 1)[-1], "step-*") and fnmatch.fnmatchcase(e.name, "*.pth"):

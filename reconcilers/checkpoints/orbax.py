@@ -31,7 +31,7 @@ import struct
 from collections.abc import Callable
 
 from ...common.usertree import Tree, UnsafeTree
-from .observed import StepObserved
+from .observed import NotCheckable, StepObserved
 from .treefiles import tree_mtime_size
 
 RULE = ("the highest finalized step folder (orbax CheckpointManager.latest_step: step names ^(0|[1-9]\\d*)$, "
@@ -46,6 +46,10 @@ MOST_FILES = 100_000
 
 
 def names(tree: Tree) -> list[str]:
+    for e in tree.entries():
+        if e.kind == "symlink" and STEP.match(e.name):
+            raise NotCheckable(f"{tree.path}/{e.name}: a symbolic link Orbax would take as a step; reconcile does "
+                               "not follow links in a user's tree")
     return sorted((e.name for e in tree.entries() if e.kind == "dir" and STEP.match(e.name) and TMP not in e.name),
                   key=int)
 
