@@ -1,9 +1,14 @@
-"""The one way reconcile writes a file of its own whole: a temporary file beside the target,
-written and fsync'd, renamed over the target (rename(2)), then the directory fsync'd. A reader
-never sees half a file, and after a crash the target is the old file or the new one, never an
-empty one (ext4 and XFS may otherwise commit the rename before the data). A half-written saved
-plan must never be applied, a half-written cache or check record never trusted, a `latest`
-pointer never left empty.
+"""The one way reconcile writes a file of its own whole: a file under a name nobody can predict,
+made `O_CREAT | O_EXCL | O_NOFOLLOW` in the target's directory held by fd (mkstemp(3)'s rule: a
+link or a file planted at a guessed name is never written through), written and fsync'd, renamed
+over the target with renameat(2), then the directory fsync'd. A reader never sees half a file,
+and after a crash the target is the old file or the new one, never an empty one (ext4 and XFS may
+otherwise commit the rename before the data). A half-written saved plan must never be applied, a
+half-written cache or check record never trusted, a `latest` pointer never left empty.
+
+Mode 0600 unless the caller says otherwise (only what another program must read: the Prometheus
+textfile, 0644); directories reconcile makes for itself are 0700. Files in a tree another user
+owns are written through common/usertree.py instead.
 
 The temporary name starts with a dot and ends in `.tmp`: node_exporter's textfile collector
 (only `*.prom`) and the checkpoint layouts (checkpoints/layouts.py TEMP_NAME) skip it."""
@@ -12,43 +17,68 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from typing import Any
+
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a rename or a new entry in this directory durable."""
-    fd = os.open(os.fspath(path) or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    fd = os.open(os.fspath(path) or ".", _DIR_FLAGS)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def make_dirs(path: str, mode: int = 0o700) -> None:
+    """reconcile's own directories: made 0700 (os.makedirs applies MODE to each one it creates)."""
+    os.makedirs(path, mode=mode, exist_ok=True)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, *, mode: int = 0o600) -> None:
     """Replace PATH with DATA, atomically and durably (see the module's docstring)."""
     path = os.fspath(path)
     parent, name = os.path.split(path)
-    os.makedirs(parent or ".", exist_ok=True)
-    tmp = os.path.join(parent, f".{name}.reconcile-{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    make_dirs(parent or ".", 0o700 if not mode & 0o044 else 0o755)  # a textfile's folder stays readable
+    dfd = os.open(parent or ".", _DIR_FLAGS)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
+        for _ in range(16):
+            tmp = f".{name}.reconcile-{secrets.token_hex(8)}.tmp"
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                             dir_fd=dfd)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError(f"{parent}: no free temporary name")
+        try:
+            os.fchmod(fd, mode)  # the umask does not decide who may read it
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp, dir_fd=dfd)
+            raise
         os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(parent or ".")
+        try:
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            os.unlink(tmp, dir_fd=dfd)
+            raise
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
-def write_text(path: str | os.PathLike, text: str) -> None:
-    write_bytes(path, text.encode("utf-8", "surrogateescape"))
+def write_text(path: str | os.PathLike, text: str, *, mode: int = 0o600) -> None:
+    write_bytes(path, text.encode("utf-8", "surrogateescape"), mode=mode)
 
 
-def write_json(path: str | os.PathLike, data: Any, *, indent: int | None = None) -> None:
+def write_json(path: str | os.PathLike, data: Any, *, indent: int | None = None, mode: int = 0o600) -> None:
     text = json.dumps(data, indent=indent, default=str)
-    write_text(path, text + "\n" if indent is not None else text)
+    write_text(path, text + "\n" if indent is not None else text, mode=mode)

@@ -125,7 +125,7 @@ class Journal:
         """The journal open for appending, under an exclusive flock held until it is closed, and
         still the file at `path` (another writer may have rotated it while we waited)."""
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)  # read: the torn-line check
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)  # read: the torn-line check
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
@@ -236,7 +236,7 @@ class Lock:
     def _open(self, path: Path) -> int:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise LockError(f"cannot take the lock {path}: {exc.strerror}") from None
 
@@ -289,7 +289,7 @@ class Lock:
             return
         gate = None
         try:
-            gate = os.open(self.gate_path, os.O_RDWR | os.O_CREAT, 0o644)
+            gate = os.open(self.gate_path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(gate, fcntl.LOCK_EX)
         except OSError:
             pass  # without the gate, a reader may find the name erased: it says "holder unknown"

@@ -146,15 +146,18 @@ def is_saved_plan(path: str | os.PathLike) -> bool:
 def load_plan(path: str | os.PathLike) -> dict[str, Any]:
     """The saved plan, checked whole before anything is done: its shape, and that it matches itself
     (check_plan). PlanError otherwise."""
-    from .statefile.text import NotRegularFile, read_regular
+    from .statefile.text import NotRegularFile, UntrustedFile, read_regular
 
     try:
-        raw = read_regular(os.fspath(path), MAX_PLAN_BYTES + 1)
+        raw = read_regular(os.fspath(path), MAX_PLAN_BYTES + 1, trusted=True)
         if len(raw) > MAX_PLAN_BYTES:
             raise PlanError(f"refusing the saved plan {path}: larger than {MAX_PLAN_BYTES // 2**20} MiB")
         plan = json.loads(raw)
     except NotRegularFile as exc:
         raise PlanError(f"refusing the saved plan {path}: it is {exc.what}, not a regular file") from None
+    except UntrustedFile as exc:
+        raise PlanError(f"refusing the saved plan {path}: {exc.what}: reconcile applies no plan another user "
+                        "can change") from None
     except OSError as exc:
         raise PlanError(f"cannot read the saved plan {path}: {exc.strerror or exc}") from None
     except (ValueError, RecursionError) as exc:

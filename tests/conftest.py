@@ -78,6 +78,7 @@ LANE_OF_FILE = {
     "test_host_doubles.py": "pure",
     "test_inventory.py": "system",
     "test_journal.py": "pure",
+    "test_kernel_log_quotes.py": "reference",
     "test_junit_report.py": "system",  # the in-memory rendering tests are marked pure
     "test_kind_metrics.py": "system",
     "test_layers.py": "pure",
@@ -108,6 +109,8 @@ LANE_OF_FILE = {
     "test_statefile_limits.py": "pure",
     "test_startup_imports.py": "pure",  # the tests with the fake GPU driver are marked system
     "test_units.py": "system",
+    "test_usertree.py": "pure",
+    "test_usertree_adversarial.py": "system",
     "test_units_differential.py": "system",
     "test_units_plan.py": "pure",
     "test_units_trust.py": "system",

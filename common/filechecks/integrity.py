@@ -55,7 +55,9 @@ READ_CHUNK = 256 * 1024  # the content check's reads: a buffer that stays in the
 WHOLE_READ = 32 * 1024
 NEAR = 64  # bytes read on either side of a small read elsewhere in the file (see FileSource)
 # O_NONBLOCK: a FIFO with the sample's name must not hang the check (no effect on files).
-OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+# O_NOFOLLOW: a file in a user's tree that is a link is never followed (a link to /dev/watchdog would
+# arm it, one to another user's file would be read as root); O_NONBLOCK: a FIFO never blocks.
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _SPARE: list[bytearray] = []  # read buffers, reused (list.pop and append are atomic: threads may share it)
 _new = tuple.__new__  # a NamedTuple made without its Python-level __new__ (the structural check's hot path)
 ZERO_PAGE = bytes(PAGE)
@@ -261,6 +263,8 @@ def check_path(path: str, depth: str = STRUCTURE, dir_fd: int | None = None) -> 
 def _oserror(exc: OSError) -> str:
     import errno
 
+    if exc.errno == errno.ELOOP:
+        return "a symbolic link (never followed in a tree another user controls)"
     name = errno.errorcode.get(exc.errno or 0, "")
     return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
 

@@ -30,7 +30,7 @@ def write_textfile(directory: str | os.PathLike, text: str, name: str = TEXTFILE
     from ...core.atomic import write_text
 
     path = os.path.join(os.fspath(directory), name)
-    write_text(path, text)
+    write_text(path, text, mode=0o644)  # node_exporter reads it as its own user
     return path
 
 

@@ -93,9 +93,34 @@ def open_regular(path: str) -> int:
     raise NotRegularFile(what)
 
 
-def read_regular(path: str, limit: int) -> bytes:
-    """At most `limit` bytes of a regular file (open_regular's rules)."""
+class UntrustedFile(OSError):
+    """A file reconcile would act on that another user can change; `what` says who and how."""
+
+    def __init__(self, what: str):
+        import errno
+
+        super().__init__(errno.EPERM, what)
+        self.what = what
+
+
+def untrusted(st: os.stat_result) -> str | None:
+    """Why a state file, a saved plan or an inventory may not be trusted, None if it may: it must be
+    owned by root or the invoking user and writable by no one else (OpenSSH's StrictModes rule for
+    authorized_keys: what root acts on, only root or its owner may have written)."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"owned by uid {st.st_uid}, neither root nor the invoking user (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        who = "group and others" if st.st_mode & 0o022 == 0o022 else "group" if st.st_mode & 0o020 else "others"
+        return f"writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def read_regular(path: str, limit: int, *, trusted: bool = False) -> bytes:
+    """At most `limit` bytes of a regular file (open_regular's rules); with trusted=True, only of a
+    file no other user can change (UntrustedFile otherwise)."""
     with os.fdopen(open_regular(path), "rb") as fh:
+        if trusted and (why := untrusted(os.fstat(fh.fileno()))):
+            raise UntrustedFile(why)
         return fh.read(limit)
 
 
@@ -104,9 +129,12 @@ def read_bounded(path: str, label: str, limits: Limits = LIMITS, what: str = "a 
     memory), and only from a regular file (a FIFO or a device is refused before it is opened:
     reading one could hang or never end); StateFileError with a position for what cannot be read."""
     try:
-        raw = read_regular(path, limits.max_bytes + 1)
+        raw = read_regular(path, limits.max_bytes + 1, trusted=True)
     except FileNotFoundError:
         raise StateFileError([f"{label}:1:1: no such file"]) from None
+    except UntrustedFile as exc:
+        raise StateFileError([f"{label}:1:1: {exc.what}: reconcile acts on no {what} another user can change "
+                              f"(chown it to root or yourself and chmod go-w)"]) from None
     except NotRegularFile as exc:
         if exc.what == "a directory":
             raise StateFileError([f"{label}:1:1: is a directory, not {what}"]) from None

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ...core.host import Host
 
 from ...common.quarantine import QUARANTINE
+from ...common.usertree import UnsafeTree
 from ...core.contract import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
 from ...core.values import format_duration, parse_duration
 from .observed import CheckpointsObserved, NotCheckable, StepObserved
@@ -64,6 +65,9 @@ class CheckpointsReconciler(Reconciler):
         for r in resources:
             try:
                 obs = survey(dict(r.spec), getattr(host, "heartbeat", None))
+            except UnsafeTree as exc:  # a link, a special file or an oversized pointer where data was expected
+                out[r.id] = ObserveError(str(exc))
+                continue
             except OSError as exc:
                 out[r.id] = ObserveError(f"cannot read {exc.filename or r.spec['dir']}: {exc.strerror}")
                 continue

@@ -11,8 +11,9 @@ the plan saw if the directory changed since), none deleting anything:
   number), so its quarantine is in the project_dir, beside `checkpoints/`; litgpt's resume walks
   every folder below out_dir (rglob, hidden ones too) and the Fabric example's lists every entry
   of its folder, so theirs is beside dir, in its parent (<parent>/.reconcile-quarantine/<time>/<dir name>/);
-- point: DeepSpeed's `latest` or Megatron's tracker rewritten durably: a temporary file beside
-  it, fsync, rename over it, fsync of the directory (the old text is kept in the quarantine);
+- point: DeepSpeed's `latest` or Megatron's tracker rewritten durably: a file of a random name
+  made O_EXCL beside it, fsync, renameat over it, fsync of the directory (the old text is kept in
+  the quarantine); the new file keeps the directory owner's ownership (the job reads it back);
 - last: Lightning's last.ckpt made the newest whole step file: a copy (or, where the job saves
   `save_last="link"`, a relative symbolic link) made under a temporary name, then renamed over
   last.ckpt; an old last.ckpt is hard-linked into the quarantine first. A copy, not a hard link:
@@ -22,16 +23,18 @@ the plan saw if the directory changed since), none deleting anything:
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any
 
-from ...common.quarantine import QUARANTINE, new_quarantine_dir
-from ...core.atomic import fsync_dir, write_json, write_text
+from ...common.quarantine import QUARANTINE, makedirs_in, open_new
+from ...common.usertree import POINTER_LIMIT, Tree, UnsafeTree, rename_between
 from ...core.contract import ApplyError, utc_iso
 from .added import BESIDE
 from .layouts import ACC_FOLDER
 from .observed import CheckpointsObserved, NotCheckable
 from .survey import survey
+
+# Every move and write below happens in the run directory, which the training job's user owns:
+# through common/usertree.py only (held directory fds, no link followed, random O_EXCL names).
 
 
 def _inside(root: str, rel: str, layout: str = "") -> str:
@@ -46,10 +49,11 @@ def _inside(root: str, rel: str, layout: str = "") -> str:
     return norm
 
 
-def _qdir(root: str) -> str:
-    qdir = new_quarantine_dir(root)
-    os.makedirs(qdir)
-    return qdir
+def _open_root(root: str) -> Tree:
+    try:
+        return Tree.open(root)
+    except OSError as exc:
+        raise ApplyError(f"{root}: {exc.strerror or exc}") from None
 
 
 def _fresh(spec: dict[str, Any]) -> CheckpointsObserved:
@@ -62,10 +66,13 @@ def _fresh(spec: dict[str, Any]) -> CheckpointsObserved:
     return obs
 
 
-def _manifest(qdir: str, name: str, obs: CheckpointsObserved, why: str, entries: list[dict[str, Any]]) -> None:
-    write_json(os.path.join(qdir, "manifest.json"), {
+def _manifest(q: Tree, name: str, obs: CheckpointsObserved, why: str, entries: list[dict[str, Any]]) -> None:
+    import json
+
+    q.write_atomic("manifest.json", (json.dumps({
         "created": utc_iso(), "checkpoints": name, "dir": obs.dir, "layout": obs.layout, "why": why,
-        "resume_rule": obs.resume_rule, "newest_whole": obs.newest_whole_path, "moved": entries}, indent=1)
+        "resume_rule": obs.resume_rule, "newest_whole": obs.newest_whole_path, "moved": entries},
+        indent=1, default=str) + "\n").encode(), mode=0o600)
 
 
 def quarantine(spec: dict[str, Any], name: str, steps: list[dict[str, Any]]) -> str:
@@ -73,32 +80,44 @@ def quarantine(spec: dict[str, Any], name: str, steps: list[dict[str, Any]]) -> 
     obs = _fresh(spec)
     moved: list[dict[str, Any]] = []
     skipped = []
-    qdir = None
+    q: Tree | None = None
     try:
-        for item in steps:
-            rel = _inside(root, item["path"], obs.layout)
-            now = obs.step_at(rel)
-            if now is None or now.whole:
-                skipped.append(rel)  # gone, or whole now (the job rewrote it): left alone
-                continue
-            src = os.path.join(root, rel)
-            st = os.lstat(src)
-            if obs.layout in BESIDE:  # beside dir: the framework's rule walks or lists all of dir
-                qdir = qdir or _qdir(os.path.dirname(os.path.abspath(root)))
-                dst = os.path.join(qdir, os.path.basename(os.path.abspath(root)), rel)
-            else:
-                qdir = qdir or _qdir(root)
-                dst = os.path.join(qdir, rel)  # accelerate: <dir>/.reconcile-quarantine/T/checkpoints/checkpoint_N,
-            os.makedirs(os.path.dirname(dst), exist_ok=True)  # beside checkpoints/, never in it (its rule)
-            os.rename(src, dst)
-            moved.append({"path": rel, "original": src, "moved_to": os.path.relpath(dst, root),
-                          "reason": now.reason, "step": now.step, "mtime": st.st_mtime,
-                          "mtime_utc": utc_iso(st.st_mtime), "size": now.size})
+        with _open_root(root) as tree:
+            try:
+                for item in steps:
+                    rel = _inside(root, item["path"], obs.layout)
+                    now = obs.step_at(rel)
+                    if now is None or now.whole:
+                        skipped.append(rel)  # gone, or whole now (the job rewrote it): left alone
+                        continue
+                    parent, _, base = rel.rpartition("/")
+                    st = tree.lstat(rel)
+                    inner = parent
+                    if obs.layout in BESIDE:  # beside dir: the framework's rule walks or lists all of dir
+                        inner = "/".join(p for p in (os.path.basename(os.path.abspath(root)), parent) if p)
+                        if q is None:
+                            with _open_root(os.path.dirname(os.path.abspath(root))) as above:
+                                q = open_new(above)
+                    q = q or open_new(tree)
+                    # accelerate: <dir>/.reconcile-quarantine/T/checkpoints/checkpoint_N, beside
+                    # checkpoints/, never in it (its rule); litgpt, fabric: <parent>/.reconcile-quarantine/T/<dir>/
+                    with tree.subdir(parent) if parent else Tree(os.dup(tree.fd), root) as src, \
+                            makedirs_in(q, inner) if inner else Tree(os.dup(q.fd), q.path) as dst:
+                        rename_between(src, base, dst, base)
+                    moved.append({"path": rel, "original": os.path.join(root, rel),
+                                  "moved_to": os.path.relpath(os.path.join(q.path, inner, base), root),
+                                  "reason": now.reason, "step": now.step, "mtime": st.st_mtime,
+                                  "mtime_utc": utc_iso(st.st_mtime), "size": now.size})
+            finally:
+                if moved and q is not None:
+                    _manifest(q, name, obs, "torn checkpoints newer than the newest whole one, moved aside so that "
+                              "the framework resumes from the newest whole one (nothing deleted)", moved)
+    except UnsafeTree as exc:
+        raise ApplyError(str(exc)) from None
     finally:
-        if moved and qdir:
-            _manifest(qdir, name, obs, "torn checkpoints newer than the newest whole one, moved aside so that the "
-                      "framework resumes from the newest whole one (nothing deleted)", moved)
-    text = f"moved {len(moved)} torn checkpoint{'s' if len(moved) != 1 else ''} to {qdir or '(nothing)'}"
+        if q is not None:
+            q.close()
+    text = f"moved {len(moved)} torn checkpoint{'s' if len(moved) != 1 else ''} to {q.path if q else '(nothing)'}"
     if skipped:
         text += f"; {len(skipped)} whole now or gone, left alone"
     return text
@@ -110,22 +129,26 @@ def point(spec: dict[str, Any], name: str, params: dict[str, Any]) -> str:
     target = obs.step_at(params["step_path"])
     if target is None or not target.whole:
         raise ApplyError(f"{params['step_path']} is not whole now: not pointing at it")
-    pointer = os.path.join(root, _inside(root, params["file"]))
+    rel = _inside(root, params["file"])
     try:
-        with open(pointer, encoding="utf-8", errors="replace") as fh:
-            old: str | None = fh.read()
-    except FileNotFoundError:
-        old = None
-    if old is not None and old.strip() == params["text"]:
-        return f"{params['file']} already names {params['text']}"
-    if old is not None:  # the old text is kept, beside a manifest saying why it changed
-        qdir = _qdir(root)
-        with open(os.path.join(qdir, params["file"]), "w", encoding="utf-8") as fh:
-            fh.write(old)
-        _manifest(qdir, name, obs, f"{params['file']} pointed at a checkpoint that is not whole; rewritten to "
-                  f"name {params['text']}", [{"path": params["file"], "original": pointer, "old_text": old[:200],
-                                              "new_text": params["text"], "moved_to": None}])
-    write_text(pointer, params["text"])
+        with _open_root(root) as tree:
+            try:
+                old: str | None = tree.read_pointer(rel, POINTER_LIMIT)
+            except FileNotFoundError:
+                old = None
+            if old is not None and old.strip() == params["text"]:
+                return f"{params['file']} already names {params['text']}"
+            if old is not None:  # the old text is kept, beside a manifest saying why it changed
+                with open_new(tree) as q:
+                    q.write_atomic(os.path.basename(rel), old.encode("utf-8", "surrogateescape"), mode=0o600)
+                    entry = {"path": params["file"], "original": os.path.join(root, rel), "old_text": old[:200],
+                             "new_text": params["text"], "moved_to": None}
+                    _manifest(q, name, obs, f"{params['file']} pointed at a checkpoint that is not whole; rewritten "
+                              f"to name {params['text']}", [entry])
+            tree.write_atomic(rel, params["text"].encode("utf-8", "surrogateescape"), mode=0o644,
+                              owner=tree.owner())
+    except UnsafeTree as exc:
+        raise ApplyError(str(exc)) from None
     return f"{params['file']} now names {params['text']} (was {old.strip()[:40]!r})" if old is not None \
         else f"{params['file']} written: {params['text']}"
 
@@ -137,28 +160,26 @@ def last(spec: dict[str, Any], name: str, params: dict[str, Any]) -> str:
     s = obs.step_at(source)
     if s is None or not s.whole:
         raise ApplyError(f"{source} is not whole now: not making last.ckpt of it")
-    target = os.path.join(root, "last.ckpt")
-    tmp = os.path.join(root, f".last.ckpt.reconcile-{os.getpid()}.tmp")  # not a .ckpt: never a candidate
-    if os.path.lexists(tmp):
-        os.unlink(tmp)  # our own leftover temp name
-    if params.get("link"):
-        os.symlink(source, tmp)
-    else:
-        shutil.copyfile(os.path.join(root, source), tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    if os.path.lexists(target):
-        qdir = _qdir(root)
-        os.link(target, os.path.join(qdir, "last.ckpt"), follow_symlinks=False)
-        st = os.lstat(target)
-        old = obs.step_at("last.ckpt")
-        _manifest(qdir, name, obs, "last.ckpt replaced by the newest whole step file", [{
-            "path": "last.ckpt", "original": target, "moved_to": os.path.relpath(os.path.join(qdir, "last.ckpt"), root),
-            "reason": old.reason if old and not old.whole else f"whole, step {old.step if old else None}: superseded",
-            "mtime": st.st_mtime, "mtime_utc": utc_iso(st.st_mtime), "size": st.st_size}])
-    os.replace(tmp, target)
-    fsync_dir(root)
+    try:
+        with _open_root(root) as tree:
+            try:
+                old_st: os.stat_result | None = tree.lstat("last.ckpt")
+            except FileNotFoundError:
+                old_st = None
+            if old_st is not None:  # the old last.ckpt is kept: hard-linked into the quarantine first
+                with open_new(tree) as q:
+                    os.link("last.ckpt", "last.ckpt", src_dir_fd=tree.fd, dst_dir_fd=q.fd, follow_symlinks=False)
+                    old = obs.step_at("last.ckpt")
+                    _manifest(q, name, obs, "last.ckpt replaced by the newest whole step file", [{
+                        "path": "last.ckpt", "original": os.path.join(root, "last.ckpt"),
+                        "moved_to": os.path.relpath(os.path.join(q.path, "last.ckpt"), root),
+                        "reason": old.reason if old and not old.whole
+                        else f"whole, step {old.step if old else None}: superseded",
+                        "mtime": old_st.st_mtime, "mtime_utc": utc_iso(old_st.st_mtime), "size": old_st.st_size}])
+            if params.get("link"):
+                tree.symlink_atomic(source, "last.ckpt", owner=tree.owner())
+            else:  # a copy made through held fds: the step file itself, never what a link names
+                tree.copy_atomic(source, "last.ckpt", owner=tree.owner())
+    except UnsafeTree as exc:
+        raise ApplyError(str(exc)) from None
     return f"last.ckpt is now {'a link to' if params.get('link') else 'a copy of'} {source} (step {s.step})"

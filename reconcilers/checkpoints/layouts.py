@@ -31,6 +31,7 @@ from stat import S_ISLNK
 from ...common.filechecks.integrity import CONTENT, STRUCTURE, check_path
 from ...common.filechecks.torchzip import check_torch_zip
 from ...common.quarantine import QUARANTINE
+from ...common.usertree import JSON_LIMIT, Tree, UnsafeTree, read_in
 from .observed import StepObserved
 
 HF_DIR = re.compile(r"^checkpoint-(\d+)$")  # transformers trainer_utils._re_checkpoint
@@ -53,6 +54,8 @@ ACC_DIR = re.compile(r"^checkpoint_(\d+)$")  # save_state: f"checkpoint_{self.sa
 SHAPED = (".safetensors", ".ckpt", ".distcp", ".pt", ".pth", ".bin", ".metadata")
 # Files an interrupted write leaves: huggingface_hub/safetensors temp names, torch DCP's
 # `.metadata.tmp` (FileSystemWriter writes it, fsyncs, renames), editors' and rsync's.
+# DCP's .metadata (a pickle of the plan): a few MiB for thousands of tensors; read whole, so bounded.
+METADATA_LIMIT = 256 << 20
 TEMP_NAME = re.compile(r"(^\.?tmp|\.tmp[^/]*$|~$)")
 
 Check = Callable[[str, str], tuple[bool, str]]  # (path, depth) -> (whole, reason)
@@ -184,9 +187,10 @@ def hf_step(root: str, name: str, step: int, depth: str, model_only: bool) -> St
             break
         if index and index in fs:
             try:
-                with open(os.path.join(d, index), encoding="utf-8") as fh:
-                    weights = sorted(set(json.load(fh)["weight_map"].values()))
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                weights = sorted(set(json.loads(read_in(d, index, JSON_LIMIT))["weight_map"].values()))
+            except UnsafeTree as exc:
+                problem = problem or str(exc)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 problem = problem or f"{index}: does not parse ({type(exc).__name__})"
             if not weights and not problem:
                 problem = f"{index}: names no shard"
@@ -221,12 +225,12 @@ def hf_step(root: str, name: str, step: int, depth: str, model_only: bool) -> St
 
 
 def _trainer_state(d: str, step: int) -> str:
-    p = os.path.join(d, "trainer_state.json")
     try:
-        with open(p, encoding="utf-8") as fh:
-            state = json.load(fh)
+        state = json.loads(read_in(d, "trainer_state.json", JSON_LIMIT))
     except FileNotFoundError:
         return "trainer_state.json missing: the Trainer would restart at step 0 with these weights"
+    except UnsafeTree as exc:
+        return str(exc)
     except ValueError as exc:
         return f"trainer_state.json: does not parse ({exc})"
     got = state.get("global_step") if isinstance(state, dict) else None
@@ -290,18 +294,23 @@ def zero_ranks(tags: list[tuple[str, list[str]]]) -> int:
 
 
 def read_pointer(root: str, name: str) -> str | None:
+    """A pointer file (DeepSpeed's `latest`, Megatron's tracker), read as its framework reads it but
+    only if it is a regular file of at most 4 KiB under ROOT, reached with no link followed
+    (common/usertree.py); anything else is refused (UnsafeTree), never followed or read to its end."""
     try:
-        with open(os.path.join(root, name), encoding="utf-8", errors="replace") as fh:
-            return fh.read()
+        with Tree.open(root) as t:
+            return t.read_pointer(name)
     except FileNotFoundError:
         return None
-    except IsADirectoryError:
-        return ""
+    except UnsafeTree as exc:
+        if exc.what.startswith("a directory"):
+            return ""
+        raise
 
 
 def ds_resume(root: str) -> tuple[str | None, str, str | None]:
-    """engine.load_checkpoint(tag=None): `latest` (isfile) read and stripped; (pick, problem, text)."""
-    text = read_pointer(root, "latest") if os.path.isfile(os.path.join(root, "latest")) else None
+    """engine.load_checkpoint(tag=None): `latest` read and stripped; (pick, problem, text)."""
+    text = read_pointer(root, "latest")  # a link or a special file named `latest` is refused, not skipped
     if text is None:
         return None, "", None
     tag = text.strip()
@@ -330,11 +339,20 @@ def pl_steps(root: str, names: list[str], depth_of: Callable[[str], str]) -> lis
         except FileNotFoundError:
             continue
         mtime = st.st_mtime
-        if S_ISLNK(st.st_mode):  # fsspec LocalFileSystem.info (Lightning's fs.modified): the target's mtime
+        if S_ISLNK(st.st_mode):
+            # Lightning's save_last="link" writes a relative link to a step file beside it: resolved
+            # inside dirpath only (common/usertree.py), never followed to whatever a user names.
             try:
-                mtime = os.stat(p).st_mtime
-            except OSError:
-                pass  # a dangling link: never Lightning's pick (fs.exists is False)
+                with Tree.open(root) as t:
+                    target = t.readlink_inside(n)
+                    mtime = t.lstat(target).st_mtime  # fsspec LocalFileSystem.info: the target's mtime
+                p = os.path.join(root, target)
+            except FileNotFoundError:
+                pass  # a dangling link: never Lightning's pick (fs.exists is False); checked below as missing
+            except UnsafeTree as exc:
+                out.append(StepObserved(None, n, False, str(exc), mtime, 1, st.st_size, "",
+                                        bool(LAST_STEM.match(n[:-5])), True))
+                continue
         ok, why = file_check(p, depth_of(n))
         step = _global_step(p) if ok else None
         if step is None:
@@ -400,8 +418,7 @@ def dcp_step(root: str, name: str, step: int, depth: str) -> StepObserved:
 
 def _dcp_items(d: str, depth: str) -> str:
     try:
-        with open(os.path.join(d, ".metadata"), "rb") as fh:
-            data = fh.read()
+        data = read_in(d, ".metadata", METADATA_LIMIT)
         flat = _scalars(data)
     except Exception as exc:  # a torn pickle: whatever genops raises
         return f".metadata: does not parse ({type(exc).__name__})"

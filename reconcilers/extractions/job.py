@@ -138,7 +138,7 @@ def start_command(host: Host, resource: Resource) -> str:
     job = resource.spec["job"]
     argv = list(job["command"])
     d = state_dir()
-    os.makedirs(d, exist_ok=True)
+    os.makedirs(d, mode=0o700, exist_ok=True)
     log = os.path.join(d, f"{resource.name}.log")
     status = os.path.join(d, f"{resource.name}.exit.json")
     try:

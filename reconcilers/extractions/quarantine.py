@@ -8,6 +8,11 @@ moves are over. An apply killed in between leaves a directory with records and n
 next observation finds it (listing.py `unfinished_quarantines`) and the next apply finishes it (`finish`), writing the
 manifest from the records and from what the filesystem shows was moved. A directory left by an
 older reconcile with neither (moved files only) is accounted for from the files themselves.
+
+The output directory is the job's user's: every step goes through held directory fds
+(common/usertree.py, common/quarantine.py): the quarantine made with mkdirat and checked to be
+reconcile's own, each sample opened with no link followed, each move a renameat between fds
+taken before it, records and manifest 0600 under names made O_EXCL.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...common.filechecks.integrity import CONTENT, DAMAGED, check_path
-from ...common.quarantine import QUARANTINE, new_quarantine_dir
-from ...core.atomic import fsync_dir, write_json
+from ...common.quarantine import QUARANTINE, makedirs_in, open_new
+from ...common.usertree import Tree, UnsafeTree, rename_between
 from ...core.contract import ApplyError, Resource, utc_iso
 from .listing import MANIFEST, compile_pattern
 
@@ -39,18 +44,19 @@ def inside(root: str, rel: str) -> str:
 
 
 class MoveRecords:
-    """`moves.jsonl`: one line per move, written and fsynced before the rename it records."""
+    """`moves.jsonl`: one line per move, written and fsynced before the rename it records; made
+    O_EXCL|O_NOFOLLOW (0600) in the quarantine folder held by fd."""
 
-    def __init__(self, qdir: str):
-        self.path = os.path.join(qdir, RECORDS)
+    def __init__(self, q: Tree):
+        self.q = q
+        self.path = os.path.join(q.path, RECORDS)
         self.fd: int | None = None
 
     def add(self, record: dict[str, Any]) -> None:
         if self.fd is None:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            fsync_dir(os.path.dirname(self.path))  # the records file's own name survives a crash
-            fsync_dir(os.path.dirname(os.path.dirname(self.path)))
+            self.fd = os.open(RECORDS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                              | os.O_CLOEXEC, 0o600, dir_fd=self.q.fd)
+            os.fsync(self.q.fd)  # the records file's own name survives a crash
         line = (json.dumps(record) + "\n").encode()
         if os.write(self.fd, line) != len(line):
             raise ApplyError(f"cannot record the move of {record['path']} in {self.path}: short write")
@@ -60,6 +66,15 @@ class MoveRecords:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def _manifest(q: Tree, doc: dict[str, Any]) -> None:
+    q.write_atomic(MANIFEST, json.dumps(doc, default=str).encode(), mode=0o600)
+
+
+def _held(tree: Tree, rel: str) -> Tree:
+    """REL's directory (\"\" for the tree itself), held by its own fd."""
+    return tree.subdir(rel) if rel else Tree(os.dup(tree.fd), tree.path)
 
 
 def _pause(point: str, n: int) -> None:
@@ -74,52 +89,63 @@ def quarantine(resource: Resource, files: Iterable[dict[str, Any]]) -> str:
     of what was moved and why. Each file is checked again first, reading all of it (the depth
     that can have found it damaged): one found whole now, gone, or unreadable is left where it is."""
     root = resource.spec["dir"]
-    qdir = new_quarantine_dir(root, QUARANTINE)
     moved: list[dict[str, Any]] = []
     skipped: list[str] = []
-    records = MoveRecords(qdir)
     rx = compile_pattern(resource.spec["pattern"])
+    q: Tree | None = None
+    records: MoveRecords | None = None
     try:
-        for f in files:
-            rel = inside(root, f["path"])
-            parts = rel.split(os.sep)
-            if len(parts) != len(rx) or not all(r.fullmatch(p) for r, p in zip(rx, parts, strict=True)):
-                raise ApplyError(f"refusing to move {rel!r}: it does not match the pattern")
-            src = os.path.join(root, rel)
-            v = check_path(src, CONTENT)
-            if v.state != DAMAGED or v.st is None:
-                skipped.append(rel)
-                continue
-            reason, st = v.reason, v.st
-            dst = os.path.join(qdir, rel)
-            os.makedirs(os.path.dirname(dst), exist_ok=True)
-            if os.path.lexists(dst):
-                raise ApplyError(f"{dst} exists already")
-            record = {"path": rel, "moved_to": os.path.join(QUARANTINE, os.path.basename(qdir), rel),
-                      "reason": reason, "size": st.st_size, "mtime": st.st_mtime}
-            records.add(record)
-            _pause("recorded", len(moved) + 1)
-            os.rename(src, dst)
-            moved.append(record)
-            _pause("moved", len(moved))
+        with Tree.open(root) as tree:
+            try:
+                for f in files:
+                    rel = inside(root, f["path"])
+                    parts = rel.split(os.sep)
+                    if len(parts) != len(rx) or not all(r.fullmatch(p) for r, p in zip(rx, parts, strict=True)):
+                        raise ApplyError(f"refusing to move {rel!r}: it does not match the pattern")
+                    parent, base = os.path.dirname(rel), os.path.basename(rel)
+                    with _held(tree, parent) as src:
+                        v = check_path(base, CONTENT, dir_fd=src.fd)  # no link followed (O_NOFOLLOW)
+                        if v.state != DAMAGED or v.st is None:
+                            skipped.append(rel)
+                            continue
+                        reason, st = v.reason, v.st
+                        if q is None:
+                            q = open_new(tree)
+                            records = MoveRecords(q)
+                        with makedirs_in(q, parent) as dst:
+                            record = {"path": rel, "moved_to": os.path.join(QUARANTINE, os.path.basename(q.path), rel),
+                                      "reason": reason, "size": st.st_size, "mtime": st.st_mtime}
+                            assert records is not None
+                            records.add(record)
+                            _pause("recorded", len(moved) + 1)
+                            rename_between(src, base, dst, base)  # RENAME_NOREPLACE: never over a file there
+                    moved.append(record)
+                    _pause("moved", len(moved))
+            finally:
+                if records is not None:
+                    records.close()
+                if moved and q is not None:
+                    _manifest(q, {"created": utc_iso(), "extraction": resource.name, "dir": root, "why": WHY,
+                                  "files": moved})
+    except UnsafeTree as exc:
+        raise ApplyError(str(exc)) from None
     finally:
-        records.close()
-        if moved:
-            write_json(os.path.join(qdir, MANIFEST), {
-                "created": utc_iso(), "extraction": resource.name, "dir": root, "why": WHY, "files": moved,
-            })
-    text = f"moved {len(moved)} file{'s' if len(moved) != 1 else ''} to {qdir}"
+        if q is not None:
+            q.close()
+    text = f"moved {len(moved)} file{'s' if len(moved) != 1 else ''} to {q.path if q else '(nothing)'}"
     if skipped:
         text += f"; {len(skipped)} no longer damaged or gone, left alone"
     return text
 
 
-def _read_records(path: str) -> list[dict[str, Any]]:
+RECORDS_LIMIT = 256 << 20  # one line a moved file: millions of moves
+
+
+def _read_records(q: Tree) -> list[dict[str, Any]]:
     """The complete records; a torn last line (the kill came while it was written: its rename
     never happened) is left out."""
     try:
-        with open(path, "rb") as fh:
-            lines = fh.read().split(b"\n")
+        lines = q.read_bounded(RECORDS, RECORDS_LIMIT).split(b"\n")
     except FileNotFoundError:
         return []
     out = []
@@ -133,6 +159,17 @@ def _read_records(path: str) -> list[dict[str, Any]]:
     return out
 
 
+def _walk(q: Tree, rel: str = "") -> Iterable[tuple[str, Any]]:
+    """Every regular file under a held quarantine folder (sorted; links and special files skipped)."""
+    with _held(q, rel) as d:
+        for e in d.entries():
+            sub = f"{rel}/{e.name}" if rel else e.name
+            if e.kind == "dir":
+                yield from _walk(q, sub)
+            elif e.kind == "file":
+                yield sub, e
+
+
 def finish(resource: Resource, name: str) -> str:
     """Write the manifest of an interrupted quarantine directory. A recorded file is moved if it
     is in the quarantine directory (a rename is all or nothing); one recorded but still in place,
@@ -141,35 +178,50 @@ def finish(resource: Resource, name: str) -> str:
     with the reason they are damaged now, marked `recorded: false`."""
     root = resource.spec["dir"]
     qdir = os.path.join(root, QUARANTINE, name)
-    if os.sep in name or name in ("", ".", "..") or not os.path.isdir(qdir):
+    if os.sep in name or name in ("", ".", ".."):
         raise ApplyError(f"no quarantine directory {qdir}")
+    try:
+        with Tree.open(root) as tree:
+            try:
+                q = open_new(tree, name=name, create=False)
+            except FileNotFoundError:
+                raise ApplyError(f"no quarantine directory {qdir}") from None
+            with q:
+                text = _finish(resource, root, name, q)
+    except UnsafeTree as exc:
+        raise ApplyError(str(exc)) from None
+    return text
+
+
+def _finish(resource: Resource, root: str, name: str, q: Tree) -> str:
     moved: list[dict[str, Any]] = []
     not_moved: list[dict[str, Any]] = []
     known: set[str] = set()
-    for rec in _read_records(os.path.join(qdir, RECORDS)):
+    for rec in _read_records(q):
         rel = inside(root, rec["path"])
         known.add(rel)
-        (moved if os.path.lexists(os.path.join(qdir, rel)) else not_moved).append(rec)
-    for dirpath, dirnames, filenames in os.walk(qdir):
-        dirnames.sort()
-        for fn in sorted(filenames):
-            full = os.path.join(dirpath, fn)
-            rel = os.path.relpath(full, qdir)
-            if rel in known or rel in (RECORDS, MANIFEST) or (fn.startswith(".") and fn.endswith(".tmp")):
-                continue
-            st = os.lstat(full)
-            v = check_path(full, CONTENT)
-            moved.append({"path": rel, "moved_to": os.path.join(QUARANTINE, name, rel),
-                          "reason": v.reason or f"unknown (no record; {v.state} now)",
-                          "size": st.st_size, "mtime": st.st_mtime, "recorded": False})
-    write_json(os.path.join(qdir, MANIFEST), {
+        try:
+            q.lstat(rel)
+            moved.append(rec)
+        except (FileNotFoundError, NotADirectoryError, UnsafeTree):
+            not_moved.append(rec)
+    for rel, e in _walk(q):
+        fn = os.path.basename(rel)
+        if rel in known or rel in (RECORDS, MANIFEST) or (fn.startswith(".") and fn.endswith(".tmp")):
+            continue
+        with _held(q, os.path.dirname(rel)) as d:
+            v = check_path(fn, CONTENT, dir_fd=d.fd)
+        moved.append({"path": rel, "moved_to": os.path.join(QUARANTINE, name, rel),
+                      "reason": v.reason or f"unknown (no record; {v.state} now)",
+                      "size": e.size, "mtime": e.mtime, "recorded": False})
+    _manifest(q, {
         "created": utc_iso(), "extraction": resource.name, "dir": root, "why": WHY,
         "interrupted": "the apply that moved these files was stopped before it wrote this manifest; "
                        "written by a later apply from the move records and the files",
         "files": moved, "not_moved": not_moved,
     })
     unrecorded = sum(1 for m in moved if m.get("recorded") is False)
-    text = f"finished {qdir}: {len(moved)} file{'s' if len(moved) != 1 else ''} moved"
+    text = f"finished {q.path}: {len(moved)} file{'s' if len(moved) != 1 else ''} moved"
     if not_moved:
         text += f", {len(not_moved)} recorded but not moved (left in place)"
     if unrecorded:

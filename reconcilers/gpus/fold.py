@@ -47,7 +47,25 @@ _WHEN_RES = (re.compile(r"\[\s*\d+\.\d+\]"),  # dmesg: seconds since boot
              re.compile(r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"),  # dmesg -T
              re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d+[+-]\d\d:?\d\d"),  # dmesg --time-format iso
              re.compile(r"^[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d"))  # syslog
-_TAIL_RE = re.compile(r"NVRM:(.*)")  # `.` stops at a newline; sre scans it faster than [^\n]
+# A kernel message counts only where it *starts* the record's message: after what the record's
+# own source puts before it, and nothing else. The kernel quotes text a user chooses (fs/exec.c:
+# "process '%s' launched '%s' with NULL argv"; security/yama/yama_lsm.c: "ptrace attach of
+# \"%s\"[%d] was attempted by \"%s\"[%d]"), so an `NVRM:` met anywhere later in a line is a user's
+# words, never a driver fault, a reset or a boot. The prefixes: a syslog priority, a /dev/kmsg
+# record's own fields, dmesg -x's facility:level, the time as dmesg, dmesg -T, dmesg
+# --time-format iso or syslog print it, a host and tag (`host kernel:`, journalctl's short
+# formats) and the kernel's own time after it; a continuation line's indent.
+_PREFIX = (r"[ \t]*(?:<\d{1,3}>)?(?:\d+,\d+,\d+,[^;\n]*;)?(?:[a-z]+ *:[a-z]+ *: )?"
+           r"(?:\[[^\]\n]*\] ?|\d{4}-\d\d-\d\dT[0-9:.,+-]+ |[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d )?"
+           r"(?:(?:[\w.-]+ )?[\w.()/-]+(?:\[\d+\])?: )?(?:\[[^\]\n]*\] ?)?")
+_PREFIX_RE = re.compile(_PREFIX)
+# `.` stops at a newline; sre scans it faster than [^\n]
+_TAIL_RE = re.compile(r"^" + _PREFIX + r"NVRM:(.*)", re.MULTILINE)
+
+
+def starts_message(line: str, at: int) -> bool:
+    """Whether what begins at AT in LINE begins the record's message (see _PREFIX)."""
+    return at == 0 or _PREFIX_RE.fullmatch(line, 0, at) is not None
 _PCI_KEYS: dict[str, str] = {}  # as printed -> pci_key: a machine has a few GPUs
 CACHE_MAX = 1024  # messages remembered verbatim: repeats skip the regular expressions
 
@@ -142,7 +160,7 @@ class LogFold:
         up for their times."""
         tails = _TAIL_RE.findall(text)
         counts = Counter(tails)  # each distinct message once, in the order each first appears
-        if any(_LOAD_TAIL in tail or _PROBE_TAIL in tail for tail in counts):
+        if any(tail.startswith((_LOAD_TAIL, _PROBE_TAIL)) for tail in counts):
             return False  # a driver load or a probe message: a line at a time (nothing was folded yet)
         self.lines += count
         n = self.lines  # every fault here is after the last (re)initialisation and before the next
@@ -183,12 +201,16 @@ class LogFold:
         for line in lines:
             n += 1
             i = line.find("NVRM:")
+            if i > 0 and not starts_message(line, i):
+                i = -1  # a user's words quoted by the kernel: not the driver's
             if i < 0:
-                if "Linux version " in line and _BOOT_RE.search(line):
-                    self.init_all, self.last_init = n, line.strip()
+                if "Linux version " in line:
+                    m = _BOOT_RE.search(line)
+                    if m and starts_message(line, m.start()):
+                        self.init_all, self.last_init = n, line.strip()
                 elif _RESET in line:
                     m = _RESET_RE.search(line)
-                    if m:
+                    if m and starts_message(line, m.start()):
                         self.init_gpu[pci_key(m.group(1))] = n
                 continue
             msg = line[i + 5:]
@@ -223,12 +245,12 @@ class LogFold:
         msg = "NVRM:" + tail
         found: tuple[str, int | None, str, int | None] | None = None
         stateful = False
-        if _LOAD in msg:
+        if msg.startswith(_LOAD):
             out: tuple = _LOAD_MARK
-        elif _RESET in msg and _RESET_RE.search(msg):
-            out = ("reset", pci_key(_RESET_RE.search(msg).group(1)))
+        elif _RESET in msg and _RESET_RE.match(msg, 6):
+            out = ("reset", pci_key(_RESET_RE.match(msg, 6).group(1)))
         else:
-            m = _XID_RE.search(msg)
+            m = _XID_RE.match(msg)
             if m:
                 detail = m.group(5).strip()
                 if detail.startswith("pid="):
@@ -237,11 +259,11 @@ class LogFold:
                 found = (pci, int(m.group(4)), detail, int(m.group(2)) if m.group(2) else None)
             else:
                 for rx in _FALLEN_RES:
-                    fm = rx.search(msg)
+                    fm = rx.match(msg)
                     if fm:
                         found = (pci_key(fm.group(1)), None, "", None)
                         break
-                pm = _PROBE_GPU_RE.search(msg) if _PROBE_GPU in msg else None
+                pm = _PROBE_GPU_RE.match(msg) if msg.startswith(_PROBE_GPU) else None
                 stateful = pm is not None or self.probe_left > 0
                 if pm:
                     self.probe_pci, self.probe_left = pci_key(pm.group(1)), 3

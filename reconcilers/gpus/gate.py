@@ -148,7 +148,7 @@ def run_gate(host: Host, params: Mapping[str, Any], boot: str) -> str:
     command = [str(a) for a in params["command"]]
     timeout = float(params["timeout"])
     out = _path(OUTPUT)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
+    os.makedirs(os.path.dirname(out), mode=0o700, exist_ok=True)
     # Through sh only to send the output to a file: a command killed at its deadline leaves its tail.
     argv = ["sh", "-c", 'exec "$@" >"$0" 2>&1', out, *command]
     t0 = time.monotonic()
