@@ -23,7 +23,7 @@ from ...common.quarantine import QUARANTINE
 from ...common.usertree import UnsafeTree
 from ...core.contract import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
 from ...core.values import format_duration, parse_duration
-from .observed import CheckpointsObserved, NotCheckable, StepObserved
+from .observed import QUARANTINE_BESIDE, CheckpointsObserved, NotCheckable, StepObserved
 
 DEFAULT_OBSERVE_TIMEOUT = "60s"
 
@@ -239,9 +239,11 @@ def fix_actions(o: CheckpointsObserved) -> list[Action]:
     torn = to_quarantine(o)
     if torn:
         first = torn[0]
+        where = (os.path.join(os.path.dirname(o.dir.rstrip("/")), QUARANTINE) if o.layout in QUARANTINE_BESIDE
+                 else f"{o.dir}/{QUARANTINE}")
         actions.append(Action(
             "quarantine", o.dir,
-            f"move {len(torn)} torn checkpoint{'s' if len(torn) != 1 else ''} to {o.dir}/{QUARANTINE}/ "
+            f"move {len(torn)} torn checkpoint{'s' if len(torn) != 1 else ''} to {where}/ "
             f"({first.path}: {first.reason}" + (f", +{len(torn) - 1} more" if len(torn) > 1 else "") + ")",
             {"steps": [{"path": s.path, "reason": s.reason} for s in torn]}))
     target = o.newest_whole_path

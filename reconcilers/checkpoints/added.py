@@ -15,12 +15,10 @@ from . import diffusers as DF
 from . import fabric as FB
 from . import litgpt as LG
 from . import orbax as OB
-from .observed import CheckpointsObserved, StepObserved
+from .observed import QUARANTINE_BESIDE, CheckpointsObserved, StepObserved
 
 LAYOUTS = ("diffusers", "litgpt", "fabric", "orbax")
-# Their quarantine is beside dir, not in it: a rule that walks or lists every entry of dir would
-# reach it (litgpt's rglob walks hidden folders; the Fabric example's sorted(os.listdir(dir))).
-BESIDE = ("litgpt", "fabric")
+BESIDE = QUARANTINE_BESIDE  # their quarantine is beside dir (observed.py says why)
 RULES = {"diffusers": DF.RULE, "litgpt": LG.RULE, "orbax": OB.RULE}
 EMPTY_PICK = {"diffusers": DF.EMPTY_PICK, "litgpt": LG.EMPTY_PICK, "fabric": FB.EMPTY_PICK, "orbax": OB.EMPTY_PICK}
 
