@@ -37,6 +37,7 @@ LANE_OF_FILE = {
     "test_checkpoints.py": "pure",  # the Megatron tests (real torch) are marked system
     "test_checkpoints_accelerate.py": "system",
     "test_checkpoints_frameworks.py": "system",
+    "test_checkpoints_more_frameworks.py": "system",
     "test_checkpoints_records.py": "system",
     "test_cli_manners.py": "pure",
     "test_containers.py": "system",
