@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The first check of a real extraction (issue 31 §3): 37,312 samples written by torch 2.13's own
+"""The first check of a real extraction: 37,312 samples written by torch 2.13's own
 torch.save, each against its floor in the same run, interleaved, medians.
 
 The tree: SpecForge's sample (bench/torch_tree.py: input_ids, loss_mask, aux_hidden_state,
@@ -218,7 +218,7 @@ def run(quick: bool = False, base_dir: str | None = None, runs: int | None = Non
     cpu = Path("/proc/cpuinfo").read_text().split("model name")[1].split(":")[1].splitlines()[0].strip()
     results: dict = {"load_start": os.getloadavg(), "machine": f"{os.cpu_count()} CPUs, {cpu}",
                      "python": sys.version.split()[0]}
-    text = ["## The first check of a real extraction (issue 31 §3)", ""]
+    text = ["## The first check of a real extraction", ""]
     targets: list[tuple[bool, str]] = []
     kinds = ["specforge"] + (["wide"] if wide else [])
     rows = []

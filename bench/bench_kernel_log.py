@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The gpus kind's kernel-log read on a sick node's log, against `grep -c Xid` (issue 31 §2).
+"""The gpus kind's kernel-log read on a sick node's log, against `grep -c Xid`.
 
 Writes kernel logs of 10,000, 100,000 and 800,000 lines as `dmesg` prints them: mostly NVRM Xid
 lines (29 distinct faults over 8 GPUs: Xid 95 with the driver's RST verdict, 31 MMU faults of

@@ -2,7 +2,7 @@
 """The continuous path: `reconcile watch --textfile` on a host, what one pass costs it.
 
 The seed's host (bench/scenario.py: a namespaced systemd with the vLLM unit, 8 fake GPUs, /data
-a tmpfs with 37,312 samples) and the seed's state on it (units, gpus, mounts, extractions with
+a tmpfs with 37,312 samples) and the incident's state on it (units, gpus, mounts, extractions with
 `verify: at-risk`). `reconcile watch --interval 30s --textfile DIR` runs inside the namespace;
 the first pass converges the host (stops the vLLM unit), every later one finds it converged:
 that steady state is what a fleet pays on every host, every interval. Per pass (between two
@@ -130,7 +130,7 @@ def main() -> int:
     if rows:
         med = {k: statistics.median([r[k] for r in rows]) for k in ("cpu", "rchar", "read_bytes", "syscr", "every")}
         res["median"] = med
-        print(f"watch --interval {a.interval:g}s --textfile on the seed's host, {len(rows)} steady passes: "
+        print(f"watch --interval {a.interval:g}s --textfile on the incident's host, {len(rows)} steady passes: "
               f"CPU {med['cpu'] * 1000:.0f} ms a pass ({med['cpu'] / a.interval * 100:.2f} % of one CPU), "
               f"read {med['rchar'] / 1e6:.2f} MB a pass ({med['syscr']:.0f} reads; {med['read_bytes']:,.0f} B "
               f"from storage); textfile {rows[-1]['textfile']:,} B; passes every {med['every']:.1f} s; "

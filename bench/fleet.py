@@ -278,7 +278,7 @@ class FleetScenario(Scenario):
         (self.work / "ansible" / "audit.yml").write_text("\n".join([
             "- name: audit the fleet", "  hosts: all", "  gather_facts: false", "  tasks:", *tasks]) + "\n")
 
-        # pyinfra: the seed's deploy, with the faster file count (a command, not the FindFiles fact).
+        # pyinfra: the incident's deploy, with the faster file count (a command, not the FindFiles fact).
         deploy = [
             "from pyinfra import host",
             "from pyinfra.facts.server import Command, Mounts",

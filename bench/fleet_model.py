@@ -94,7 +94,7 @@ def report(meta: dict, res: dict) -> str:
         + ", ".join(f"{a} {b}" for a, b in meta.get("peers", {}).items())
         + f" · `bench/run.py {' '.join(meta['argv'])}` · {meta['seconds'] / 60:.0f} min", "",
         "## One host at a time", "",
-        "Each tool's run on a one-host inventory (the seed's audit on the host: vLLM unit, "
+        "Each tool's run on a one-host inventory (the incident's audit on the host: vLLM unit, "
         + ("8 fake GPUs, " if res["gpus"] else "") + f"`/data` tmpfs, {res['files']:,} samples), from the "
         "controller's network namespace to the target's over a veth pair and the delay relay "
         "(RTT asked; in brackets the RTT a one-byte ping-pong through it took, "

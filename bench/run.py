@@ -7,7 +7,7 @@ tmpfs mounted inside the namespace only, and an EAGLE-3 extraction in SpecForge 
 with 37,312 sample files. Then it times the same audit with each tool, inside the
 namespace, N times each after a warm-up run, and reports medians of wall time and peak
 RSS; then how reconcile's cost grows with files (37,312 -> 1,000,000) and declared units
-(1 -> 500), and the time of `reconcile apply` on the seed scenario. Last, the fleet
+(1 -> 500), and the time of `reconcile apply` on the incident scenario. Last, the fleet
 (bench/fleet.py): `reconcile diff --inventory` over SSH to 10 and 100 hosts on this
 machine against Ansible and pyinfra, with controller CPU and memory from cgroups.
 

@@ -128,6 +128,7 @@ LANE_OF_FILE = {
     "test_units_plan.py": "pure",
     "test_units_trust.py": "system",
     "test_units_unitfiles.py": "reference",
+    "test_words.py": "pure",
     "test_vocabulary.py": "pure",
     "test_watch.py": "system",
     "hardware/test_hardware.py": "system",

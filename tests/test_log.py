@@ -1,4 +1,4 @@
-"""`reconcile log` (issue 26, section 2): the journal as a timeline, and its bounded growth.
+"""`reconcile log`: the journal as a timeline, and its bounded growth.
 
 The journals read back here are written by real `reconcile apply` runs against the namespaced
 systemd (tests/nsystemd.py), one of them killed with SIGKILL mid-run as tests/test_crash.py does;

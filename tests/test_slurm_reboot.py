@@ -1,4 +1,4 @@
-"""Issue 33 §1 (Slurm): `gpus.recover: {reboot: true, reboot_with: slurm}` reboots a node run by Slurm
+"""Slurm reboots: `gpus.recover: {reboot: true, reboot_with: slurm}` reboots a node run by Slurm
 through Slurm's own queue (`scontrol reboot ASAP nextstate=DOWN reason=… NODE`), never `systemctl
 reboot`. The authority is a real slurmctld + slurmd + munge (slurm_support) whose slurm.conf
 RebootProgram only records that slurmd ran it; the GPU driver is the fake NVML (test_gpus_recovery's

@@ -51,7 +51,7 @@ class Verdict:
     reason: str = ""  # the drain reason when not healthy, with the ownership prefix
     problems: tuple[str, ...] = ()  # the resource ids (or "state file", "internal error") found bad
     timed_out: bool = False  # no verdict within the deadline
-    gate: str = ""  # issue 33 §2: why the validation gate has not passed in this boot ("" when it has)
+    gate: str = ""  # why the validation gate has not passed in this boot ("" when it has)
 
 
 def verdict_of(doc: dict[str, Any]) -> Verdict:
@@ -142,7 +142,7 @@ def decide(verdict: Verdict, node: NodeState) -> Decision:
         if node.out_of_service and node.reason == verdict.reason:
             return Decision("none", "already drained for this reason")
         return Decision("drain", verdict.reason)
-    if node.out_of_service and node.ours and verdict.gate:  # issue 33 §2
+    if node.out_of_service and node.ours and verdict.gate:  # the validation gate below
         return Decision("none", f"converged, but {verdict.gate}: not resumed until it passes (`reconcile apply` "
                                 f"runs it); the drain is reconcile's ({node.reason})")
     if node.out_of_service and node.ours:
@@ -153,7 +153,7 @@ def decide(verdict: Verdict, node: NodeState) -> Decision:
     return Decision("none", "healthy")
 
 
-# --- issue 33 §2: a node reconcile drained returns only once the validation gate passed in this boot ---
+# --- a node reconcile drained returns only once the validation gate passed in this boot ---
 
 # The gpus kind's drift field until the gate passed (reconcilers/gpus/gate.py FIELD; a kind is not imported
 # from here, tests/test_layers.py; tests/test_slurm_gate.py holds the two equal).
@@ -171,7 +171,7 @@ def gate_pending(doc: dict[str, Any]) -> str:
                 return f"the validation gate has not passed in this boot ({d.get('have')})"
     return ""
 
-# --- end of issue 33 §2 ---------------------------------------------------------------------------
+# --- end of the validation gate ---------------------------------------------------------------------------
 
 
 _STATE = re.compile(r"(?:^| )State=(\S+)")

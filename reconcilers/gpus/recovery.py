@@ -485,7 +485,7 @@ def reboot_through_slurm(host: Host, params: Mapping[str, Any]) -> str:
     """`scontrol reboot ASAP nextstate=DOWN reason=… NODE` (scontrol(1)): Slurm drains the node (no new
     jobs), waits for its jobs to end, then runs slurm.conf's RebootProgram. `nextstate=DOWN`, not
     RESUME: the node comes back out of service with reconcile's reason, and `reconcile slurm-health`
-    resumes it only once the validation gate passed in the new boot (issue 33 §2); RESUME would hand
+    resumes it only once the validation gate passed in the new boot; RESUME would hand
     it to jobs before the gate."""
     node = str(params["node"])
     argv = ["scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason={params['reason']}", node]
