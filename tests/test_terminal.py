@@ -40,6 +40,9 @@ SETTINGS = {  # name -> (environment, columns, colour expected)
 ESC = "\x1b"
 SGR = re.compile("\x1b\\[[0-9;]*m")  # the views' colours (views/text.py Style)
 BAD = ("Traceback", "internal error", "RECONCILE_DEBUG")
+# The window's size comes from the pty (TIOCSWINSZ); COLUMNS/LINES in the environment (a test
+# runner's, pytest-xdist's workers') would override it (Python's shutil.get_terminal_size reads them first).
+SIZE_VARS = ("COLUMNS", "LINES")
 
 
 class Screen:
@@ -88,6 +91,8 @@ def on_a_terminal(args: list[str], tmp: Path, setting: str, **env: str) -> tuple
     # The progress line (views/progress.py) is left out of these screens: it appears only after
     # half a second, a matter of how loaded the machine is; tests/test_progress.py tries it.
     full["RECONCILE_PROGRESS_AFTER"] = "3600"
+    for name in SIZE_VARS:
+        full.pop(name, None)
     return Screen(reconcile_argv(*args), full, tmp, columns).finish()
 
 
@@ -239,6 +244,8 @@ def test_watch_first_pass_then_stopped(tmp_path, setting):
     env = {**cli_env(tmp_path, **extra), "RECONCILE_PROGRESS_AFTER": "3600"}
     if "NO_COLOR" not in extra:
         env.pop("NO_COLOR", None)
+    for name in SIZE_VARS:
+        env.pop(name, None)
     screen = Screen(reconcile_argv("watch", str(s["blocked"]), "--interval", "1h", "--journal",
                                    str(tmp_path / "journal.jsonl")), env, tmp_path, columns)
     try:
