@@ -232,6 +232,8 @@ def pytest_sessionstart(session):
     import tempfile
 
     os.environ.setdefault("RECONCILE_STATE_DIR", tempfile.mkdtemp(prefix="reconcile-test-state-"))
+    # The validation cache too: as root its default is the machine's /var/cache/reconcile.
+    os.environ.setdefault("RECONCILE_CACHE_DIR", tempfile.mkdtemp(prefix="reconcile-test-cache-"))
     _HOST_SEEN.update(_host_files())
 
 
