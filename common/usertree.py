@@ -35,6 +35,7 @@ import json
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -370,15 +371,44 @@ class Tree:
         """REL replaced (or, replace=False, created) whole: a random name made O_EXCL|O_NOFOLLOW in
         the parent held by fd, written, fsync'd, chowned to OWNER (a file the user's job reads back
         stays theirs), renamed with renameat, the directory fsync'd."""
+
+        def fill(fd: int) -> None:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+
+        self._publish(rel, fill, mode, replace, owner)
+
+    def copy_atomic(self, src_rel: str, dst_rel: str, *, replace: bool = True,
+                    owner: tuple[int, int] | None = None) -> None:
+        """A regular file of the tree copied to DST_REL through held fds (never what a link names)."""
+        src = self.open_regular(src_rel)
+        try:
+            st = os.fstat(src)
+
+            def fill(out: int) -> None:
+                left = st.st_size
+                while left > 0:
+                    n = os.sendfile(out, src, None, min(left, 1 << 30))
+                    if n == 0:
+                        break
+                    left -= n
+
+            self._publish(dst_rel, fill, stat.S_IMODE(st.st_mode) & 0o755, replace, owner)
+        finally:
+            os.close(src)
+
+    def _publish(self, rel: str, fill: Callable[[int], None], mode: int, replace: bool,
+                 owner: tuple[int, int] | None) -> None:
+        """The one way a file appears in the tree: made under a random name, FILL writes it, its
+        owner and mode set on the fd, fsync'd, renamed over REL with renameat, the folder fsync'd."""
         d, name, own = self._parent(rel)
         try:
-            tmp = _new_temp(d.fd, name, mode)
+            tmp = _new_temp(d.fd, name, 0o600)
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d.fd)
                 try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
+                    fill(fd)
                     if owner is not None and os.geteuid() == 0:
                         os.fchown(fd, *owner)
                     os.fchmod(fd, mode)
@@ -391,39 +421,6 @@ class Tree:
                 raise
             os.fsync(d.fd)
         finally:
-            if own:
-                d.close()
-
-    def copy_atomic(self, src_rel: str, dst_rel: str, *, replace: bool = True,
-                    owner: tuple[int, int] | None = None) -> None:
-        """A regular file of the tree copied to DST_REL through held fds (never what a link names)."""
-        src = self.open_regular(src_rel)
-        d, name, own = self._parent(dst_rel)
-        try:
-            st = os.fstat(src)
-            tmp = _new_temp(d.fd, name, 0o600)
-            try:
-                out = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d.fd)
-                try:
-                    left = st.st_size
-                    while left > 0:
-                        n = os.sendfile(out, src, None, min(left, 1 << 30))
-                        if n == 0:
-                            break
-                        left -= n
-                    if owner is not None and os.geteuid() == 0:
-                        os.fchown(out, *owner)
-                    os.fchmod(out, stat.S_IMODE(st.st_mode) & 0o755)
-                    os.fsync(out)
-                finally:
-                    os.close(out)
-                _rename(d.fd, tmp, d.fd, name, replace)
-            except BaseException:
-                _unlink_quiet(d.fd, tmp)
-                raise
-            os.fsync(d.fd)
-        finally:
-            os.close(src)
             if own:
                 d.close()
 
