@@ -233,7 +233,9 @@ def test_memory_does_not_grow_with_the_log(env):
     grown = big.stat().st_size - small.stat().st_size
     assert grown > 20 * 2**20
     assert ev_small == ev_big  # the report is bounded by distinct faults, not lines
-    assert rss_big - rss_small < 4 * 2**20, (rss_small, rss_big)  # against 20+ MiB more log
+    # Against 20+ MiB more log: a fold that kept lines would grow by at least that much; the
+    # allocator's own slack over a few 8 MiB blocks is a few MiB either way.
+    assert rss_big - rss_small < grown / 4, (rss_small, rss_big, grown)
     assert json.loads((env / "s2" / "gpus-kernel-log.json").read_text())["fold"]["lines"] == 450_001
 
 
