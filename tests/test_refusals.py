@@ -13,6 +13,7 @@ prometheus_client's parser."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -97,8 +98,8 @@ def test_a_journal_that_cannot_be_used_is_a_report(tmp_path, fmt):
     (tmp_path / "afile").write_text("")  # the journal's directory is a regular file: ENOTDIR
     proc = run_cli(tmp_path, "apply", str(state), "--journal", str(tmp_path / "afile" / "journal.jsonl"),
                    "--format", fmt)
-    try:  # what the kernel says to making the journal's directory there
-        (tmp_path / "afile").mkdir()
+    try:  # what the kernel says to making a file beneath it (the lock, beside the journal)
+        os.open(tmp_path / "afile" / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         said = exc.strerror
     assert said in check_refusal(proc, fmt, "journal")
