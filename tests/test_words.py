@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# "issue 31", "Issues 30–33", "issue 33 §2": a tracker entry of ours. An upstream issue is cited as
-# owner/repo#N or by its URL (…/issues/N), which this does not match.
+# The word "issue" (or "issues") followed by a number: an entry of our own tracker. An upstream
+# issue is cited as owner/repo#N or by its URL (…/issues/N), which this does not match.
 INTERNAL = re.compile(r"\b[Ii]ssues? \d+|\bseed-recovery\b|\bthe seed's\b")
 SKIP = {"CHANGELOG.md"}
 
