@@ -33,11 +33,12 @@ import ctypes
 import errno
 import json
 import os
-import secrets
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from ..core.atomic import make_unique
 
 POINTER_LIMIT = 4096  # DeepSpeed's `latest`, Megatron's tracker: a tag or a number
 JSON_LIMIT = 16 << 20  # trainer_state.json of a long run is a few MiB; an index.json of shards, less
@@ -428,15 +429,7 @@ class Tree:
         """REL made a relative symbolic link to TARGET (a name in the same tree), replacing REL."""
         d, name, own = self._parent(rel)
         try:
-            for _ in range(16):
-                tmp = f".{name}.reconcile-{secrets.token_hex(8)}.tmp"
-                try:
-                    os.symlink(target, tmp, dir_fd=d.fd)
-                    break
-                except FileExistsError:
-                    continue
-            else:
-                raise OSError(errno.EEXIST, "no free temporary name", self._where(rel))
+            tmp, _ = make_unique(name, lambda t: os.symlink(target, t, dir_fd=d.fd))
             try:
                 if owner is not None and os.geteuid() == 0:
                     os.chown(tmp, *owner, dir_fd=d.fd, follow_symlinks=False)
@@ -456,16 +449,10 @@ class Tree:
 
 def _new_temp(dir_fd: int, name: str, mode: int) -> str:
     """A new empty file with a name nobody can predict (mkstemp(3)'s rule), in DIR_FD."""
-    for _ in range(16):
-        tmp = f".{name}.reconcile-{secrets.token_hex(8)}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o777,
-                         dir_fd=dir_fd)
-        except FileExistsError:
-            continue
-        os.close(fd)
-        return tmp
-    raise OSError(errno.EEXIST, "no free temporary name")
+    tmp, fd = make_unique(name, lambda t: os.open(t, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                                  | os.O_CLOEXEC, mode & 0o777, dir_fd=dir_fd))
+    os.close(fd)
+    return tmp
 
 
 def _unlink_quiet(dir_fd: int, name: str) -> None:
