@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cold integrity check near the machine's limit (issue 20): what it costs per file and
+"""The cold integrity check near the machine's limit: what it costs per file and
 per MB beside the floor of the same reads, how it scales on every CPU, and a million files.
 
 1. Structure, one core: the structural check of small torch.save-layout ZIPs on tmpfs, per
@@ -387,7 +387,7 @@ def run(quick: bool, base_dir: str | None = None, runs: int | None = None, with_
     runs = runs or (3 if quick else 5)
     with_million = (not quick) if with_million is None else with_million
     base = tmpfs_base(base_dir)
-    text: list[str] = ["## The cold check (issue 20)", ""]
+    text: list[str] = ["## The cold check", ""]
     targets: list[tuple[bool, str]] = []
     results: dict = {"load_start": os.getloadavg()}
     try:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`reconcile diff` on training run directories (issue 25), beside the floor.
+"""`reconcile diff` on training run directories, beside the floor.
 
 1. A Hugging Face Trainer run of 100 checkpoints (checkpoint-N: model.safetensors of 1 MiB,
    optimizer.pt, scheduler.pt, rng_state.pth as small torch.save-layout ZIPs, trainer_state.json),
@@ -8,7 +8,7 @@
    64 KiB (the structural check reads the header, the size and the tail, where zeros would be a
    crash's; the content check would read 32 GiB of zeros, so `verify: structure` only), with its
    model.safetensors.index.json.
-3. Real size (issue 31 §1; `--real-gb N`, 0 to leave it out): a Trainer run directory of 3
+3. Real size (`--real-gb N`, 0 to leave it out): a Trainer run directory of 3
    checkpoints of N GB each written by the real torch and safetensors (tests/trainer_steps.py
    under .venv-torch: the weights in 2 safetensors shards + index, an optimizer.pt of twice their
    size, random data, nothing sparse). Measured with the kernel's I/O accounting of the whole
@@ -173,7 +173,7 @@ def startup(runs: int) -> float:
     return median(ts)
 
 
-# --- real size (issue 31 §1) -------------------------------------------------------------------
+# --- real size -------------------------------------------------------------------
 
 def write_real_run(run: Path, gb: float) -> None:
     python = ROOT / ".venv-torch" / "bin" / "python"

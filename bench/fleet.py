@@ -60,6 +60,10 @@ class FleetScenario(Scenario):
         self.keys = self.work / "keys"
         self.remote_home = self.work / "remote-home"
         self.env.update({"XDG_RUNTIME_DIR": str(self.work / "run")})
+        # Where the sshds listen, and nsenter's extra options for them (fleet_net.py: a network namespace).
+        self.listen_addr = "127.0.0.1"
+        self.sshd_ns: list[str] = []
+        self.sshd_prefix: list[str] = []  # before sshd itself (fleet_net.py: nice)
 
     # --- the machines ------------------------------------------------------------------
 
@@ -129,7 +133,7 @@ class FleetScenario(Scenario):
         if self.gpus:
             setenv += [f"{k}={self.env[k]}" for k in ("LD_LIBRARY_PATH", "FAKE_NVML_CONFIG", "RECONCILE_SYSFS_PCI",
                                                   "RECONCILE_NVIDIA_PROC_DIR")]
-        conf.write_text("".join(f"ListenAddress 127.0.0.1:{p}\n" for p in ports) + "\n".join([
+        conf.write_text("".join(f"ListenAddress {self.listen_addr}:{p}\n" for p in ports) + "\n".join([
             f"HostKey {self.keys / 'host_key'}",
             "PidFile none",
             f"AuthorizedKeysFile {self.keys / 'authorized_keys'}",
@@ -147,7 +151,8 @@ class FleetScenario(Scenario):
             "Subsystem sftp internal-sftp",
             f"SetEnv {' '.join(setenv)}",
         ]) + "\n")
-        argv = ["nsenter", "-t", str(nsd.pid), "-m", "-p", "-u", "--", SSHD, "-D", "-e", "-f", str(conf)]
+        argv = ["nsenter", "-t", str(nsd.pid), "-m", "-p", "-u", *self.sshd_ns, "--", *self.sshd_prefix, SSHD,
+                "-D", "-e", "-f", str(conf)]
         with open(self.work / f"sshd-{j}-{s}.log", "ab") as err:
             # Inside the targets' cgroup: every session, and all it runs, is counted there.
             self.sshds.append(subprocess.Popen(self.targets.wrap(argv), stdin=subprocess.DEVNULL,
@@ -273,7 +278,7 @@ class FleetScenario(Scenario):
         (self.work / "ansible" / "audit.yml").write_text("\n".join([
             "- name: audit the fleet", "  hosts: all", "  gather_facts: false", "  tasks:", *tasks]) + "\n")
 
-        # pyinfra: the seed's deploy, with the faster file count (a command, not the FindFiles fact).
+        # pyinfra: the incident's deploy, with the faster file count (a command, not the FindFiles fact).
         deploy = [
             "from pyinfra import host",
             "from pyinfra.facts.server import Command, Mounts",

@@ -241,7 +241,7 @@ class Fleet(FleetScenario):
 
     @staticmethod
     def per_host_targets(fleet: dict, n: str) -> list[tuple[bool, str]]:
-        """Issue 31 §4, per host against pyinfra in the same run: the controller's CPU (each extra
+        """Per host against pyinfra in the same run: the controller's CPU (each extra
         host, from the smallest inventory to the largest) no more than pyinfra's, the CPU asked of
         each target ≤ 1.5× pyinfra's, and the wall time ahead of pyinfra's."""
         def med(tool: str, size: str, key: str) -> float:

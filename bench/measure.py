@@ -152,7 +152,7 @@ class Bench(Scenario):
         self.results["files"].update(self.run_jobs([j for j in jobs if j.get("type") != "scan"]))
 
     def apply_seed(self) -> None:
-        """`reconcile apply` on the seed scenario; the scenario is reset before each run."""
+        """`reconcile apply` on the incident scenario; the scenario is reset before each run."""
         journal = self.work / "journal" / "journal.jsonl"
         ctl = ["systemctl", "--no-pager"]
         reset = [[*ctl, "enable", VLLM], [*ctl, "start", VLLM],
@@ -226,7 +226,7 @@ class Bench(Scenario):
                       f"this tree: {base:.3f} s, {base / floor:.1f}×, in the same run."]
         if "apply" in self.results:
             r = self.results["apply"]["reconcile apply"]
-            lines += ["", f"`reconcile apply` on the seed scenario (reset before each run: vLLM unit re-enabled and "
+            lines += ["", f"`reconcile apply` on the incident (reset before each run: vLLM unit re-enabled and "
                       f"started): median {median(r['walls']):.3f} s, peak RSS {median(r['rss_kib']) / 1024:.0f} MiB, "
                       f"exit {sorted(set(r['rcs']))}; afterwards the unit is {r['after']['is-active']}, "
                       f"{r['after']['is-enabled']}."]

@@ -7,13 +7,14 @@ tmpfs mounted inside the namespace only, and an EAGLE-3 extraction in SpecForge 
 with 37,312 sample files. Then it times the same audit with each tool, inside the
 namespace, N times each after a warm-up run, and reports medians of wall time and peak
 RSS; then how reconcile's cost grows with files (37,312 -> 1,000,000) and declared units
-(1 -> 500), and the time of `reconcile apply` on the seed scenario. Last, the fleet
+(1 -> 500), and the time of `reconcile apply` on the incident scenario. Last, the fleet
 (bench/fleet.py): `reconcile diff --inventory` over SSH to 10 and 100 hosts on this
 machine against Ansible and pyinfra, with controller CPU and memory from cgroups.
 
     sudo python3 bench/run.py                  # everything (about 25 min on 2 cores)
     sudo python3 bench/run.py --quick          # 3 runs, no 1,000,000-file step, 1 fleet run
     sudo python3 bench/run.py --only fleet     # the fleet alone: bench/results/fleet.md
+    sudo python3 bench/run.py --only netfleet  # per host at 0.2/5/50 ms RTT, projected: netfleet.md
     sudo python3 bench/run.py --only check     # the cold integrity check alone (bench/bench_check.py)
     sudo python3 bench/run.py --only firstcheck  # 37,312 torch.save samples (bench/bench_firstcheck.py)
 
@@ -56,7 +57,7 @@ def main() -> None:
     ap.add_argument("--no-gpus", action="store_true", help="leave the fake GPUs out")
     ap.add_argument("--skip", default="",
                     help="comma list of parts to skip: breakdown,units,files,apply,importtime,check,fleet")
-    ap.add_argument("--only", choices=["fleet", "check", "firstcheck"],
+    ap.add_argument("--only", choices=["fleet", "check", "firstcheck", "netfleet"],
                     help="run only this part (fleet: writes bench/results/fleet.md; check: check.md; "
                          "firstcheck: firstcheck.md)")
     ap.add_argument("--fleet-hosts", type=parse_list, default=[10, 100],
@@ -66,6 +67,10 @@ def main() -> None:
     ap.add_argument("--fleet-namespaces", type=int, default=5, help="namespaced systemds the hosts share (default 5)")
     ap.add_argument("--fleet-files", type=int, default=2000, help="sample files in each fleet host's /data (2000)")
     ap.add_argument("--fleet-runs", type=int, help="timed runs per tool and host count (default 3; --quick 1)")
+    ap.add_argument("--netfleet-skip", default="",
+                    help="--only netfleet: tools left out of the many-host run (comma list: ansible,pyinfra)")
+    ap.add_argument("--netfleet-big-rt", action="store_true",
+                    help="--only netfleet: the many-host run at real-time priority too (it takes the machine)")
     ap.add_argument("--fleet-compare", metavar="RECONCILE",
                     help="also time this reconcile console script (e.g. main's, installed in a venv of its own), "
                          "on the controller and on the targets alike: a before/after in one run")
@@ -120,6 +125,15 @@ def main() -> None:
     if not a.installed:
         install_reconcile()
     peers = {} if a.no_peers else ensure_peers()
+    if a.only == "netfleet":  # bench/fleet_net.py: per-host latency at real RTTs, and the projection
+        import fleet_model
+        from fleet_net import main_netfleet
+
+        res = main_netfleet(a)
+        meta = {"argv": sys.argv[1:], "peers": peers, "load_start": load_start, "load_end": os.getloadavg(),
+                "seconds": time.perf_counter() - t_start, "cpus": os.cpu_count()}
+        write(Results(meta, res), "netfleet", fleet_model.report(meta, res), [])
+        return
     if a.only == "fleet":
         fleet = run_fleet(a)
         fleet.meta.update({"argv": sys.argv[1:], "peers": peers, "load_start": load_start, "load_end": os.getloadavg(),

@@ -22,18 +22,6 @@ from .usertree import Tree, UnsafeTree
 QUARANTINE = ".reconcile-quarantine"
 
 
-def new_quarantine_dir(root: str, folder: str = QUARANTINE) -> str:
-    """A folder name not yet taken under ROOT/FOLDER for one quarantine: the UTC time, `-2`, `-3`
-    ... after it when two quarantines fall in one second (not created here)."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    qdir = os.path.join(root, folder, stamp)
-    n = 1
-    while os.path.exists(qdir):
-        n += 1
-        qdir = os.path.join(root, folder, f"{stamp}-{n}")
-    return qdir
-
-
 def _ours(where: str, st: os.stat_result) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeTree(where, "not a directory")

@@ -33,10 +33,12 @@ import ctypes
 import errno
 import json
 import os
-import secrets
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from ..core.atomic import make_unique
 
 POINTER_LIMIT = 4096  # DeepSpeed's `latest`, Megatron's tracker: a tag or a number
 JSON_LIMIT = 16 << 20  # trainer_state.json of a long run is a few MiB; an index.json of shards, less
@@ -370,15 +372,44 @@ class Tree:
         """REL replaced (or, replace=False, created) whole: a random name made O_EXCL|O_NOFOLLOW in
         the parent held by fd, written, fsync'd, chowned to OWNER (a file the user's job reads back
         stays theirs), renamed with renameat, the directory fsync'd."""
+
+        def fill(fd: int) -> None:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+
+        self._publish(rel, fill, mode, replace, owner)
+
+    def copy_atomic(self, src_rel: str, dst_rel: str, *, replace: bool = True,
+                    owner: tuple[int, int] | None = None) -> None:
+        """A regular file of the tree copied to DST_REL through held fds (never what a link names)."""
+        src = self.open_regular(src_rel)
+        try:
+            st = os.fstat(src)
+
+            def fill(out: int) -> None:
+                left = st.st_size
+                while left > 0:
+                    n = os.sendfile(out, src, None, min(left, 1 << 30))
+                    if n == 0:
+                        break
+                    left -= n
+
+            self._publish(dst_rel, fill, stat.S_IMODE(st.st_mode) & 0o755, replace, owner)
+        finally:
+            os.close(src)
+
+    def _publish(self, rel: str, fill: Callable[[int], None], mode: int, replace: bool,
+                 owner: tuple[int, int] | None) -> None:
+        """The one way a file appears in the tree: made under a random name, FILL writes it, its
+        owner and mode set on the fd, fsync'd, renamed over REL with renameat, the folder fsync'd."""
         d, name, own = self._parent(rel)
         try:
-            tmp = _new_temp(d.fd, name, mode)
+            tmp = _new_temp(d.fd, name, 0o600)
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d.fd)
                 try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
+                    fill(fd)
                     if owner is not None and os.geteuid() == 0:
                         os.fchown(fd, *owner)
                     os.fchmod(fd, mode)
@@ -394,52 +425,11 @@ class Tree:
             if own:
                 d.close()
 
-    def copy_atomic(self, src_rel: str, dst_rel: str, *, replace: bool = True,
-                    owner: tuple[int, int] | None = None) -> None:
-        """A regular file of the tree copied to DST_REL through held fds (never what a link names)."""
-        src = self.open_regular(src_rel)
-        d, name, own = self._parent(dst_rel)
-        try:
-            st = os.fstat(src)
-            tmp = _new_temp(d.fd, name, 0o600)
-            try:
-                out = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d.fd)
-                try:
-                    left = st.st_size
-                    while left > 0:
-                        n = os.sendfile(out, src, None, min(left, 1 << 30))
-                        if n == 0:
-                            break
-                        left -= n
-                    if owner is not None and os.geteuid() == 0:
-                        os.fchown(out, *owner)
-                    os.fchmod(out, stat.S_IMODE(st.st_mode) & 0o755)
-                    os.fsync(out)
-                finally:
-                    os.close(out)
-                _rename(d.fd, tmp, d.fd, name, replace)
-            except BaseException:
-                _unlink_quiet(d.fd, tmp)
-                raise
-            os.fsync(d.fd)
-        finally:
-            os.close(src)
-            if own:
-                d.close()
-
     def symlink_atomic(self, target: str, rel: str, *, owner: tuple[int, int] | None = None) -> None:
         """REL made a relative symbolic link to TARGET (a name in the same tree), replacing REL."""
         d, name, own = self._parent(rel)
         try:
-            for _ in range(16):
-                tmp = f".{name}.reconcile-{secrets.token_hex(8)}.tmp"
-                try:
-                    os.symlink(target, tmp, dir_fd=d.fd)
-                    break
-                except FileExistsError:
-                    continue
-            else:
-                raise OSError(errno.EEXIST, "no free temporary name", self._where(rel))
+            tmp, _ = make_unique(name, lambda t: os.symlink(target, t, dir_fd=d.fd))
             try:
                 if owner is not None and os.geteuid() == 0:
                     os.chown(tmp, *owner, dir_fd=d.fd, follow_symlinks=False)
@@ -459,16 +449,10 @@ class Tree:
 
 def _new_temp(dir_fd: int, name: str, mode: int) -> str:
     """A new empty file with a name nobody can predict (mkstemp(3)'s rule), in DIR_FD."""
-    for _ in range(16):
-        tmp = f".{name}.reconcile-{secrets.token_hex(8)}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode & 0o777,
-                         dir_fd=dir_fd)
-        except FileExistsError:
-            continue
-        os.close(fd)
-        return tmp
-    raise OSError(errno.EEXIST, "no free temporary name")
+    tmp, fd = make_unique(name, lambda t: os.open(t, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                                  | os.O_CLOEXEC, mode & 0o777, dir_fd=dir_fd))
+    os.close(fd)
+    return tmp
 
 
 def _unlink_quiet(dir_fd: int, name: str) -> None:

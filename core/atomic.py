@@ -15,10 +15,14 @@ The temporary name starts with a dot and ends in `.tmp`: node_exporter's textfil
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC
 
@@ -37,6 +41,19 @@ def make_dirs(path: str, mode: int = 0o700) -> None:
     os.makedirs(path, mode=mode, exist_ok=True)
 
 
+def make_unique(name: str, make: Callable[[str], T]) -> tuple[str, T]:
+    """MAKE(tmp) under a temporary name for NAME that nobody can predict (mkstemp(3)'s rule: random,
+    and MAKE creates it exclusively), tried again on the rare clash. The one naming rule of every
+    temporary file or link reconcile makes, here and in a user's tree (common/usertree.py)."""
+    for _ in range(16):
+        tmp = f".{name}.reconcile-{secrets.token_hex(8)}.tmp"
+        try:
+            return tmp, make(tmp)
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, f"no free temporary name for {name}")
+
+
 def write_bytes(path: str | os.PathLike, data: bytes, *, mode: int = 0o600) -> None:
     """Replace PATH with DATA, atomically and durably (see the module's docstring)."""
     path = os.fspath(path)
@@ -44,16 +61,8 @@ def write_bytes(path: str | os.PathLike, data: bytes, *, mode: int = 0o600) -> N
     make_dirs(parent or ".", 0o700 if not mode & 0o044 else 0o755)  # a textfile's folder stays readable
     dfd = os.open(parent or ".", _DIR_FLAGS)
     try:
-        for _ in range(16):
-            tmp = f".{name}.reconcile-{secrets.token_hex(8)}.tmp"
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                             dir_fd=dfd)
-                break
-            except FileExistsError:
-                continue
-        else:
-            raise FileExistsError(f"{parent}: no free temporary name")
+        tmp, fd = make_unique(name, lambda t: os.open(t, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                                      | os.O_CLOEXEC, mode, dir_fd=dfd))
         try:
             os.fchmod(fd, mode)  # the umask does not decide who may read it
             view = memoryview(data)

@@ -157,7 +157,7 @@ _FIELD_NAMES: dict[type, tuple[str, ...]] = {}  # a dataclass's fields, asked on
 def to_plain(value: Any) -> Any:
     """Dataclasses, enums, tuples and mappings to JSON-ready values."""
     cls = type(value)
-    if cls in _PLAIN:  # most of a report's values: returned before the checks below (issue 31 §4)
+    if cls in _PLAIN:  # most of a report's values: returned before the checks below
         return value
     names = _FIELD_NAMES.get(cls)
     if names is None and dataclasses.is_dataclass(cls) and not isinstance(value, type):

@@ -14,7 +14,7 @@ _SIZE_UNITS = {
     "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "PIB": 2**50,
 }
 # Patterns, compiled on first use (re's own cache keeps them): a start-up compiles only those its
-# state file needs (issue 31 §4).
+# state file needs.
 _SIZE = r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?B|B)?\s*$"  # with re.IGNORECASE
 _PERCENT = r"^\s*(\d+(?:\.\d+)?)\s*%\s*$"
 _DURATION = r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d))+$"

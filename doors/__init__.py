@@ -55,6 +55,8 @@ def run_elsewhere(command: str, file: str | None, fmt: str, verbose: bool, opts:
                 report = _refusal(command, file, opts, Refusal("remote-error", why), dry_run)
             render(report, fmt)
         return 1
+    for warning in doc.get("warnings", ()):  # old spellings the target read: said here, as a local run says them
+        echo_err(warning + "\n")
     render(doc, fmt, verbose=verbose)
     return int(doc.get("exit_code", 1))
 

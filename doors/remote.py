@@ -38,6 +38,9 @@ from urllib.parse import urlsplit
 from .. import FORMAT_VERSION, __version__
 from ..local.host import kill_group
 
+# The errors live apart (remote_errors.py); named here too, where every caller looks for them.
+from .remote_errors import RemoteError, RemoteFailed, echo_err, refusal_reason  # noqa: F401
+
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_REMOTE_COMMAND = "reconcile"
 # The far side starts Python and imports reconcile after connecting: allow for a slow host.
@@ -51,45 +54,6 @@ INSTALL_HINT = (f"install it there: build a wheel of this reconcile ({__version_
                 "--no-deps -w dist /path/to/your/reconcile/checkout`, copy dist/reconcile_host-*.whl there and "
                 "`python3 -m pip install` it (or `python3 -m pip install 'reconcile-host @ git+URL-OF-YOUR-CLONE'`), "
                 "or name it with --remote-command, e.g. --remote-command 'python3 -m reconcile_host'")
-
-
-class RemoteError(Exception):
-    """One line for the user: the target could not be reached or cannot run this request."""
-
-
-def refusal_reason(message: str) -> str:
-    """The error report's `reason` for a RemoteError's message: `unreachable` when no connection
-    was made or it was lost (ssh's own words, and ours for a silent target), else `remote-error`
-    (reconcile missing or too old there, a bad option, a deadline)."""
-    unreachable = ("cannot reach ", "connection lost ", ": no answer within ")
-    return "unreachable" if any(w in message for w in unreachable) else "remote-error"
-
-
-def echo_err(text: str) -> None:
-    """Text to stderr as click.echo(err=True) writes it, without click (doors/ is below the
-    command line): flushed, its control characters escaped but for line breaks (the far side's
-    words: core/escape.py), and what the stream cannot encode replaced rather than raised (a
-    path from the far side)."""
-    from ..core.escape import escape_controls
-
-    text = escape_controls(text, newlines=True)
-    stream = sys.stderr
-    try:
-        stream.write(text)
-    except UnicodeEncodeError:
-        enc = stream.encoding or "utf-8"
-        stream.write(text.encode(enc, "replace").decode(enc))
-    stream.flush()
-
-
-class RemoteFailed(Exception):
-    """The far side's reconcile refused the request (bad state file, lock held, wrong host):
-    its stderr, passed through as it is."""
-
-    def __init__(self, stderr: str, report: dict[str, Any] | None = None):
-        super().__init__(stderr)
-        self.stderr = stderr
-        self.report = report  # the far side's error report (a bad state file), for --format json/junit
 
 
 # --- targets -----------------------------------------------------------------------------
@@ -483,6 +447,9 @@ def execute(target: Target, request: Request, info: RemoteInfo | None = None) ->
         # as a local run prints them, and its error report for --format json/junit/prometheus.
         raise RemoteFailed(out.stderr, report=name_machine(doc, target))
     if doc is not None and "exit_code" in doc and "resources" in doc:
+        said = state_warnings(out.stderr, request.state_label)
+        if said:
+            doc["warnings"] = said
         return name_machine(doc, target)
     first = _first_contact_error(target, out, request.command) if info is None else None
     if first is not None:
@@ -497,9 +464,15 @@ def execute(target: Target, request: Request, info: RemoteInfo | None = None) ->
     raise RemoteError(f"connection lost during {request.command} on {target.name}: {why}")
 
 
+def state_warnings(stderr: str, label: str) -> list[str]:
+    """The far side's old-spelling warnings: the `LABEL:LINE:COL: warning: ...` lines it printed on
+    stderr (commands.load_state), the label being the --state-label sent with the state."""
+    pattern = re.compile(re.escape(label) + r":\d+:\d+: warning: ")
+    return [line for line in stderr.splitlines() if pattern.match(line)]
+
+
 def read_state(path: str) -> bytes:
     """The state file's bytes, read here; the target validates them. Errors as the loader words them."""
-    import sys
 
     from ..pipeline.statefile import StateFileError
     from ..pipeline.statefile.positions import LIMITS, check_size, read_bounded

@@ -112,6 +112,8 @@ def health_check(s: Settings) -> int:
             detail = f"{line['why']}; the drain would say: {line['reason']}"
         else:
             detail = line.get("reason") or line.get("why") or ""
+        # Old spellings: in the one line slurmd logs (its only output), after the verdict.
+        detail = "; ".join(filter(None, (detail, *line.get("warnings", ()))))
         said = escape_controls(f"node {s.node}: {' '.join(words)}{': ' + detail if detail else ''}")  # names, messages
         out.write(f"reconcile slurm-health: {said}\n")
         out.flush()
@@ -128,10 +130,12 @@ def health_check(s: Settings) -> int:
     except LockError as exc:
         return finish(EXIT_UNHEALTHY, verdict="error", action="none", why=str(exc))
     try:
-        verdict, note = _run_check(s, mono0 + check_budget(s.deadline), journal)
+        verdict, note, warnings = _run_check(s, mono0 + check_budget(s.deadline), journal)
         line.update(verdict="healthy" if verdict.healthy else "unhealthy", problems=list(verdict.problems))
         if note:
             line["note"] = note
+        if warnings:
+            line["warnings"] = list(warnings)
         if verdict.timed_out:
             line["verdict"] = "timeout"
         sink = SlurmNode(s.node, Scontrol(s.scontrol, mono0 + s.deadline), s.max_drained)
@@ -185,7 +189,7 @@ def _write_metrics(directory: str, line: dict[str, Any], out: IO[str]) -> None:
         out.write(f"reconcile slurm-health: cannot write {directory}/{TEXTFILE_NAME}: {exc.strerror or exc}\n")
 
 
-def _run_check(s: Settings, by: float, journal: Any) -> tuple[Verdict, str]:
+def _run_check(s: Settings, by: float, journal: Any) -> tuple[Verdict, str, tuple[str, ...]]:
     """The check in a worker thread, waited for until `by` (time.monotonic()); past it the verdict
     is "no verdict", which drains: a node whose health cannot be told must not take jobs."""
     result: dict[str, Any] = {}
@@ -195,20 +199,21 @@ def _run_check(s: Settings, by: float, journal: Any) -> tuple[Verdict, str]:
             result["verdict"] = _check(s, journal)
         except BaseException as exc:  # reported as the verdict, never a traceback in slurmd's log
             result["verdict"] = (Verdict(False, reason_text(f"internal error: {type(exc).__name__}: {exc}"),
-                                         ("internal error",)), "")
+                                         ("internal error",)), "", ())
 
     worker = threading.Thread(target=work, name="slurm-health-check", daemon=True)
     worker.start()
     worker.join(max(0.0, by - time.monotonic()))
     if worker.is_alive():
         budget = check_budget(s.deadline)
-        return Verdict(False, reason_text(f"health check did not finish within {budget:g}s"), timed_out=True), ""
+        return Verdict(False, reason_text(f"health check did not finish within {budget:g}s"), timed_out=True), "", ()
     return result["verdict"]
 
 
-def _check(s: Settings, journal: Any) -> tuple[Verdict, str]:
+def _check(s: Settings, journal: Any) -> tuple[Verdict, str, tuple[str, ...]]:
     """Diff (or apply, under the apply lock) through pipeline/runs.py; the finished run judged
-    as the Slurm sink judges it. A run that finds the lock held judges what is there instead."""
+    as the Slurm sink judges it, a note, and the state file's old-spelling warnings. A run that
+    finds the lock held judges what is there instead."""
     from ..core.refusals import Refusal
     from ..pipeline import runs
     from ..pipeline.statefile import StateFileError, load
@@ -218,7 +223,7 @@ def _check(s: Settings, journal: Any) -> tuple[Verdict, str]:
         state = load(s.state_file)
     except StateFileError as exc:
         refused = Refusal("state-file", exc.problems[0] if exc.problems else "invalid", problems=tuple(exc.problems))
-        return judge(runs.finished(refused, command, s.state_file)), ""
+        return judge(runs.finished(refused, command, s.state_file)), "", tuple(exc.warnings)
     note = ""
     if not s.apply:
         result = runs.diff(state)
@@ -228,7 +233,7 @@ def _check(s: Settings, journal: Any) -> tuple[Verdict, str]:
             # Someone is applying by hand or `reconcile watch` is: judge what is there, change nothing.
             note = f"not applied: {result.message}"
             result = runs.diff(state, command="apply")
-    return judge(runs.finished(result, command, s.state_file)), note
+    return judge(runs.finished(result, command, s.state_file)), note, tuple(state.warnings)
 
 
 def _end_stuck_run(out: IO[str]) -> None:

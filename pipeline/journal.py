@@ -306,9 +306,13 @@ class Lock:
                         raise LockHeld(f"another reconcile apply holds {self.path}{waited}: {holder}") from None
                     time.sleep(poll)
                     continue
-                os.ftruncate(fd, 0)
                 info = {"pid": os.getpid(), "started": utc_iso()}
-                os.pwrite(fd, json.dumps(info).encode() + b"\n", 0)
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, json.dumps(info).encode() + b"\n", 0)
+                except OSError:
+                    pass  # who holds it only words a message; the flock is the lock (on a full disk the
+                    # journal's own first write refuses every action, with its reason)
                 fcntl.flock(gate, fcntl.LOCK_UN)
                 self.fd, fd = fd, -1
                 return

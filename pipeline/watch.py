@@ -257,6 +257,8 @@ class Watcher:
         verb = "loaded" if self._state_sha is None else "changed, reloaded"
         self._state, self._state_sha = state, sha
         self.log(f"state file {self.state_path} {verb} (sha256 {sha[:12]}, {len(state.resources)} resources)")
+        for warning in state.warnings:  # old spellings: once per version of the file, not every pass
+            self.log(warning)
         return state
 
     def log(self, line: str) -> None:

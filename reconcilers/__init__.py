@@ -30,6 +30,7 @@ KINDS: dict[str, Kind] = {
     "mounts": Kind("mount", ".mounts:MountsReconciler", name_word="PATH"),
     "extractions": Kind("extraction", ".extractions:ExtractionsReconciler"),
     "checkpoints": Kind("checkpoint", ".checkpoints:CheckpointsReconciler"),
+    "pools": Kind("pool", ".pools:PoolsReconciler"),
 }
 
 

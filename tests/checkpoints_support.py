@@ -19,7 +19,8 @@ from torch_support import torch_python
 
 SCRIPT = str(Path(__file__).with_name("ckpt_frameworks.py"))
 MODULES = {"hf-trainer": "transformers", "lightning": "lightning", "deepspeed": "deepspeed",
-           "dcp": "torch.distributed.checkpoint", "accelerate": "accelerate"}
+           "dcp": "torch.distributed.checkpoint", "accelerate": "accelerate", "diffusers": "diffusers",
+           "litgpt": "litgpt.model", "fabric": "lightning.fabric", "orbax": "orbax.checkpoint"}
 QUARANTINE = ".reconcile-quarantine"
 
 

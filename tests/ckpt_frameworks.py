@@ -243,8 +243,220 @@ def accelerate_run(out: str, steps: int, every: int, resume: bool) -> dict:
     return got
 
 
+def diffusers_run(out: str, steps: int, every: int, resume: bool) -> dict:
+    """The diffusers training examples' save and resume lines (examples/text_to_image/
+    train_text_to_image.py main(), diffusers 0.42.1; the same in its LoRA, DreamBooth, ControlNet
+    scripts), around a tiny UNet2DModel built in code: the save and load hooks write and read
+    `unet/` (save_pretrained / from_pretrained), Accelerate the optimizer, the lr scheduler and the
+    random states (`accelerator.save_state(os.path.join(args.output_dir, f"checkpoint-{global_step}"))`);
+    `--resume_from_checkpoint latest`: the entries starting with `checkpoint`, sorted by
+    int(x.split("-")[1]), the last; global_step = int(path.split("-")[1]). The noise comes from
+    torch's global RNG, restored from random_states_0.pkl. $CKPT_TOTAL_LIMIT: --checkpoints_total_limit."""
+    import shutil
+
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+    from diffusers import UNet2DModel
+    from diffusers.optimization import get_scheduler
+
+    limit = int(os.environ["CKPT_TOTAL_LIMIT"]) if os.environ.get("CKPT_TOTAL_LIMIT") else None
+    accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=out))
+    torch.manual_seed(0)
+    unet = UNet2DModel(sample_size=8, in_channels=1, out_channels=1, layers_per_block=1, block_out_channels=(8, 8),
+                       down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
+                       norm_num_groups=4)
+
+    def save_model_hook(models, weights, output_dir):  # the example's hooks
+        if accelerator.is_main_process:
+            for model in models:
+                model.save_pretrained(os.path.join(output_dir, "unet"))
+                weights.pop()
+
+    def load_model_hook(models, input_dir):
+        for _ in range(len(models)):
+            model = models.pop()
+            load_model = UNet2DModel.from_pretrained(input_dir, subfolder="unet")
+            model.register_to_config(**load_model.config)
+            model.load_state_dict(load_model.state_dict())
+            del load_model
+
+    accelerator.register_save_state_pre_hook(save_model_hook)
+    accelerator.register_load_state_pre_hook(load_model_hook)
+    optimizer = torch.optim.AdamW(unet.parameters(), lr=1e-2)
+    lr_scheduler = get_scheduler("linear", optimizer=optimizer, num_warmup_steps=2, num_training_steps=64)
+    unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
+    got: dict = {"losses": {}, "start_step": 0, "loaded_from": None}
+    global_step = 0
+    if resume:
+        dirs = os.listdir(out) if os.path.isdir(out) else []
+        dirs = [d for d in dirs if d.startswith("checkpoint")]
+        dirs = sorted(dirs, key=lambda x: int(x.split("-")[1]))
+        path = dirs[-1] if len(dirs) > 0 else None
+        if path is not None:
+            accelerator.load_state(os.path.join(out, path))
+            global_step = int(path.split("-")[1])
+            got["loaded_from"], got["start_step"] = path, global_step
+    else:
+        torch.manual_seed(1)  # the global RNG from here on (a resumed run's comes from random_states_0.pkl)
+    os.makedirs(out, exist_ok=True)
+    while global_step < steps:
+        g = torch.Generator().manual_seed(1000 + global_step)
+        images = torch.randn(BATCH, 1, 8, 8, generator=g)
+        noise = torch.randn_like(images)  # the global RNG: restored from random_states_0.pkl
+        timesteps = torch.randint(0, 1000, (BATCH,))
+        pred = unet(images + noise, timesteps).sample
+        loss = torch.nn.functional.mse_loss(pred, noise)
+        accelerator.backward(loss)
+        optimizer.step()
+        lr_scheduler.step()
+        optimizer.zero_grad()
+        global_step += 1
+        got["losses"][str(global_step)] = float(loss)
+        if global_step % every == 0:
+            if limit is not None:  # _before_ saving state, the checkpoints_total_limit rotation
+                checkpoints = os.listdir(out)
+                checkpoints = [d for d in checkpoints if d.startswith("checkpoint")]
+                checkpoints = sorted(checkpoints, key=lambda x: int(x.split("-")[1]))
+                if len(checkpoints) >= limit:
+                    num_to_remove = len(checkpoints) - limit + 1
+                    for removing in checkpoints[0:num_to_remove]:
+                        shutil.rmtree(os.path.join(out, removing))
+            accelerator.save_state(os.path.join(out, f"checkpoint-{global_step}"))
+    return got
+
+
+def litgpt_run(out: str, steps: int, every: int, resume: bool) -> dict:
+    """litgpt's pretraining save and resume (litgpt 0.5.13, installed without its dependencies:
+    only what runs here is imported): a tiny litgpt GPT built from a Config in code, trained with
+    Fabric; the save is litgpt.pretrain.save_checkpoint's lines (fabric.save of the state to
+    `out_dir / f"step-{step_count:08d}" / "lit_model.pth"`, then the hyperparameters and
+    litgpt.utils.save_config's model_config.yaml); the resume litgpt.utils.find_resume_path("auto")
+    (max of out_dir.rglob("step-*/*.pth")) and fabric.load(resume, state), as pretrain.main."""
+    from pathlib import Path
+
+    import lightning as L
+    import yaml
+    from litgpt.config import Config
+    from litgpt.model import GPT
+    from litgpt.utils import find_resume_path, save_config
+
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    config = Config(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64, padded_vocab_size=64)
+    torch.manual_seed(0)
+    model = fabric.setup(GPT(config))
+    optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    state = {"model": model, "optimizer": optimizer, "iter_num": 0, "step_count": 0}
+    got: dict = {"losses": {}, "start_step": 0, "loaded_from": None}
+    out_dir = Path(out)
+    if resume:
+        path = find_resume_path("auto", out_dir)
+        if path is not None:
+            fabric.load(path, state)
+            got["loaded_from"], got["start_step"] = str(path.relative_to(out_dir)), state["step_count"]
+    while state["step_count"] < steps:
+        ids = torch.randint(0, 64, (BATCH, 12), generator=torch.Generator().manual_seed(1000 + state["step_count"]))
+        logits = model(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), ids[:, 1:].reshape(-1))
+        fabric.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        state["iter_num"] += 1
+        state["step_count"] += 1
+        got["losses"][str(state["step_count"])] = float(loss)
+        if state["step_count"] % every == 0:  # pretrain.fit -> save_checkpoint
+            checkpoint_file = out_dir / f"step-{state['step_count']:08d}" / "lit_model.pth"
+            checkpoint_file.parent.mkdir(parents=True, exist_ok=True)
+            fabric.save(checkpoint_file, state)
+            (checkpoint_file.parent / "hyperparameters.yaml").write_text(yaml.dump({"max_steps": steps}))
+            save_config(config, checkpoint_file.parent)
+    return got
+
+
+def fabric_run(out: str, steps: int, every: int, resume: bool) -> dict:
+    """Lightning Fabric's build_your_own_trainer example's save and resume lines
+    (examples/fabric/build_your_own_trainer/trainer.py, MyCustomTrainer.save / load /
+    get_latest_checkpoint, lightning 2.6): state {"model", "optim", "scheduler"} plus global_step and
+    current_epoch, `fabric.save(os.path.join(checkpoint_dir, f"epoch-{current_epoch:04d}.ckpt"), state)`;
+    the resume: `sorted(os.listdir(checkpoint_dir))[-1]`, `remainder = fabric.load(path, state)`.
+    One batch per epoch; a save every EVERY epochs (the example saves after each)."""
+    import lightning as L
+
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    torch.manual_seed(0)
+    net = mlp()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    model, optim = fabric.setup(net, opt)
+    state = {"model": model, "optim": optim, "scheduler": sched}
+    got: dict = {"losses": {}, "start_step": 0, "loaded_from": None}
+    current_epoch = global_step = 0
+    if resume and os.path.isdir(out):
+        items = sorted(os.listdir(out))
+        if items:
+            path = os.path.join(out, items[-1])
+            remainder = fabric.load(path, state)
+            global_step, current_epoch = remainder.pop("global_step"), remainder.pop("current_epoch")
+            got["loaded_from"], got["start_step"] = items[-1], global_step
+    os.makedirs(out, exist_ok=True)
+    while current_epoch < steps:
+        x, y = batch(global_step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optim.zero_grad()
+        fabric.backward(loss)
+        optim.step()
+        sched.step()
+        global_step += 1
+        current_epoch += 1
+        got["losses"][str(global_step)] = float(loss)
+        if current_epoch % every == 0:
+            state.update(global_step=global_step, current_epoch=current_epoch)
+            fabric.save(os.path.join(out, f"epoch-{current_epoch:04d}.ckpt"), state)
+    return got
+
+
+def orbax_run(out: str, steps: int, every: int, resume: bool) -> dict:
+    """Orbax's CheckpointManager (orbax-checkpoint 0.12, JAX on CPU): a linear model trained by
+    SGD, `manager.save(step, args=StandardSave(state))` every EVERY steps; the resume:
+    `manager.latest_step()` and `manager.restore(step, args=StandardRestore(state))`. One weight
+    vector large enough that its values are written to a data file of their own."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    n = 65536
+    state = {"w": jnp.zeros((n,), jnp.float32), "b": jnp.zeros((), jnp.float32)}
+    manager = ocp.CheckpointManager(os.path.abspath(out), options=ocp.CheckpointManagerOptions(max_to_keep=None))
+    got: dict = {"losses": {}, "start_step": 0, "loaded_from": None}
+    start = 0
+    if resume:
+        latest = manager.latest_step()
+        if latest is not None:
+            state = manager.restore(latest, args=ocp.args.StandardRestore(state))
+            start = latest
+            got["loaded_from"], got["start_step"] = str(latest), latest
+
+    def loss_fn(s, x, y):
+        return jnp.mean((x @ s["w"] + s["b"] - y) ** 2)
+
+    grad = jax.jit(jax.value_and_grad(loss_fn))
+    for step in range(start, steps):
+        rng = np.random.default_rng(1000 + step)
+        x = jnp.asarray(rng.standard_normal((BATCH, n), dtype=np.float32))
+        y = jnp.asarray(rng.standard_normal((BATCH,), dtype=np.float32))
+        loss, g = grad(state, x, y)
+        state = jax.tree_util.tree_map(lambda p, d: p - 1e-3 * d, state, g)
+        got["losses"][str(step + 1)] = float(loss)
+        if (step + 1) % every == 0:
+            manager.save(step + 1, args=ocp.args.StandardSave(state))
+    manager.wait_until_finished()
+    manager.close()
+    return got
+
+
 RUNS = {"dcp": dcp_run, "hf-trainer": hf, "lightning": lightning, "deepspeed": deepspeed_run,
-        "accelerate": accelerate_run}
+        "accelerate": accelerate_run, "diffusers": diffusers_run, "litgpt": litgpt_run, "fabric": fabric_run,
+        "orbax": orbax_run}
 
 if __name__ == "__main__":
     layout, out, n, every, result = sys.argv[1:6]

@@ -132,3 +132,19 @@ def wait_for(predicate, timeout: float = 30, what: str = "condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(0.1)
+
+
+def read_terminal(leader: int) -> bytes:
+    """Everything a child wrote to the pseudo-terminal whose leader end is LEADER, until it closed
+    its end (then read(2) says EIO, or nothing); the leader is closed."""
+    chunks = []
+    while True:
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # EIO once the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    return b"".join(chunks)

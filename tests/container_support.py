@@ -151,6 +151,12 @@ class Dockerd:
     def inspect(self, name: str) -> dict:
         return json.loads(self.docker("inspect", "--type", "container", name).stdout)[0]
 
+    def seen(self, name: str) -> dict | None:
+        """One `docker inspect`: the container as the engine has it, or None where it has none by that
+        name ("No such container": a `--rm` container between its removal and the next one's start).
+        One call, so the readings a test takes belong to one container."""
+        return seen_once(self.docker("inspect", "--type", "container", name, check=False), "docker")
+
     def stop_daemon(self) -> None:
         if self.proc is None:
             return
@@ -218,10 +224,23 @@ class Podman:
     def inspect(self, name: str) -> dict:
         return json.loads(self.podman("inspect", "--type", "container", name).stdout)[0]
 
+    def seen(self, name: str) -> dict | None:
+        """As Dockerd.seen: one `podman inspect`, None where podman has no container by that name."""
+        return seen_once(self.podman("inspect", "--type", "container", name, check=False), "podman")
+
     def close(self) -> None:
         self.podman("rm", "-f", "-a", "-t", "0", check=False)
         _unmount_under(self.dir)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def seen_once(proc: subprocess.CompletedProcess, engine: str) -> dict | None:
+    if proc.returncode == 0:
+        return json.loads(proc.stdout)[0]
+    # docker: "Error: No such container: NAME"; podman: "no such container" (either capitalisation).
+    if "no such container" in proc.stderr.lower():
+        return None
+    raise AssertionError(f"{engine} inspect exited {proc.returncode}: {proc.stderr}")
 
 
 def host_pid(inspected: dict) -> int:

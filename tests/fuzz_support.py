@@ -3,7 +3,7 @@ reconcile in forked children, each input under a time and memory bound.
 
 Generator: mutations of seed texts (the shipped states/, the docs' YAML examples): byte flips,
 deletions, duplications, indentation shifts, tabs, type swaps, and injections of the classes
-of issue 13 (merge keys, tags, anchors and aliases, alias bombs, deep nesting, several
+of hostile YAML (merge keys, tags, anchors and aliases, alias bombs, deep nesting, several
 documents, colliding and non-string keys, numbers at the edges, control characters, invalid
 UTF-8, BOM, very long lines and keys). The same seed gives the same inputs.
 

@@ -166,7 +166,7 @@ class Fleet:
 
     def executable(self, nsd: NamespacedSystemd) -> str:
         return (f"nsenter -t {nsd.pid} -m -p -u env RECONCILE_CACHE_DIR={self.tmp / 'cache'} "
-                f"{sys.executable} -m reconcile_host")
+                f"RECONCILE_STATE_DIR={self.tmp / 'state'} {sys.executable} -m reconcile_host")
 
     def inventory(self, groups: dict[str, list[str]]) -> Path:
         known_hosts = self.tmp / "known_hosts"
@@ -282,6 +282,13 @@ def test_serial_rollout_stops_at_the_first_host_that_stays_blocked(fleet):
     assert unit_state(fleet.drifted) == ("active", "enabled")  # the rollout never reached it
 
 
+def own_files(tmp: Path) -> str:
+    """reconcile on the target behind sshd, which passes no environment: its state and cache
+    named on its command line (`env`), in the test's folder, not the machine's /var/lib/reconcile."""
+    return (f"env RECONCILE_STATE_DIR={tmp / 'state'} RECONCILE_CACHE_DIR={tmp / 'cache'} "
+            f"{sys.executable} -m reconcile_host")
+
+
 def test_a_missing_reconcile_and_a_bad_state_file_are_one_clear_failure_each(tmp_path, sshd, collection):  # noqa: F811
     (tmp_path / "templates").mkdir()
     (tmp_path / "templates" / "bad.yaml.j2").write_text("version: 1\nunits:\n  {{ unit }}:\n    activ: false\n")
@@ -289,7 +296,7 @@ def test_a_missing_reconcile_and_a_bad_state_file_are_one_clear_failure_each(tmp
         "- hosts: t\n  gather_facts: false\n  vars: {unit: x.service}\n  tasks:\n"
         "    - reconcile.host.state: {content: 'version: 1', executable: reconcile-not-installed}\n"
         "      ignore_errors: true\n"
-        f"    - reconcile.host.state: {{src: bad.yaml.j2, executable: '{sys.executable} -m reconcile_host'}}\n")
+        f"    - reconcile.host.state: {{src: bad.yaml.j2, executable: '{own_files(tmp_path)}'}}\n")
     (tmp_path / "hosts.yaml").write_text(json.dumps({"all": {"hosts": {"t": {
         "ansible_host": "127.0.0.1", "ansible_port": sshd.port, "ansible_user": "root",
         "ansible_python_interpreter": sys.executable,
@@ -319,7 +326,7 @@ def test_a_refusal_is_read_from_the_report_with_its_reason(tmp_path, sshd, colle
     (tmp_path / "p.yml").write_text(
         "- hosts: t\n  gather_facts: false\n  tasks:\n"
         f"    - reconcile.host.state: {{content: 'version: 1', journal: '{journal}', "
-        f"executable: '{sys.executable} -m reconcile_host'}}\n"
+        f"executable: '{own_files(tmp_path)}'}}\n"
         "      register: r\n      ignore_errors: true\n"
         "    - debug: {msg: 'REASON={{ r.reason }} REPORT={{ r.report.error.reason }}'}\n")
     (tmp_path / "hosts.yaml").write_text(json.dumps({"all": {"hosts": {"t": {

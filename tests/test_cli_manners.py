@@ -1,4 +1,4 @@
-"""The command line's manners (issue 32 §2), through the real CLI: which FILE is read when none is
+"""The command line's manners, through the real CLI: which FILE is read when none is
 given (--help says what commands.resolve_state_file does, in its order), every duration option
 named DURATION in --help, and click's shell completion as docs/commands.md says to install it.
 Colour (NO_COLOR, TERM=dumb) is in tests/test_report_text.py and tests/test_log.py."""

@@ -61,7 +61,7 @@ def acted(report: dict) -> list[str]:
 def run_container(dockerd, name: str, restart: str, script: str = "trap 'exit 0' TERM; while :; do sleep 1; done"):
     dockerd.docker("run", "-d", "--name", name, "--network", "none", f"--restart={restart}", cs.IMAGE,
                    "/bin/sh", "-c", script)
-    return cs.wait_for(f"{name} running", lambda: dockerd.inspect(name)["State"]["Running"] and dockerd.inspect(name))
+    return cs.wait_for(f"{name} running", lambda: (i := dockerd.inspect(name))["State"]["Running"] and i)
 
 
 def killed_comes_back(dockerd, name: str) -> None:

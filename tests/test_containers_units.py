@@ -34,8 +34,10 @@ def unit_text(dockerd, name: str) -> str:
 
 
 def running(dockerd, name: str):
-    said = dockerd.docker("inspect", "--type", "container", name, check=False)
-    return said.returncode == 0 and dockerd.inspect(name)["State"]["Running"] and dockerd.inspect(name)
+    """The container by that name if it runs, from one `docker inspect` (the unit's `--rm` container
+    may be removed between two calls while systemd starts the next: no such container is "not yet")."""
+    seen = dockerd.seen(name)
+    return seen if seen is not None and seen["State"]["Running"] else None
 
 
 @pytest.fixture

@@ -257,17 +257,25 @@ def _outputs(procs) -> str:
 
 
 def test_a_full_disk_under_the_journal_refuses_to_act(nsystemd, tmp_path):
-    """ENOSPC on the journal (here /dev/full): nothing is done without a record."""
+    """ENOSPC on the journal (a full tmpfs, mounted in the namespace only): nothing is done without
+    a record. (Not a link to /dev/full: reconcile follows no link where it keeps its own files.)"""
     nsystemd.write_unit("k-full.service", service("full"))
     nsystemd.systemctl("start", "k-full.service", check=True)
     state = tmp_path / "state.yaml"
     state.write_text("version: 1\nunits:\n  k-full.service:\n    active: false\n")
     journal = tmp_path / "j" / "journal.jsonl"
-    journal.parent.mkdir()
-    journal.symlink_to("/dev/full")
-    proc = nsystemd.run(reconcile_argv("apply", str(state), "--journal", str(journal), "--format", "json"),
-                        env=cli_env(tmp_path))
+    journal.parent.mkdir(mode=0o700)
+    nsystemd.run(["mount", "-t", "tmpfs", "-o", "size=4k,mode=0700", "tmpfs", str(journal.parent)], check=True)
+    try:
+        # Every block taken: the journal's first record cannot be written.
+        nsystemd.run(["sh", "-c", 'dd if=/dev/zero of="$1/fill" bs=4096 count=16 2>/dev/null; true', "sh",
+                      str(journal.parent)], check=True)
+        proc = nsystemd.run(reconcile_argv("apply", str(state), "--journal", str(journal), "--format", "json"),
+                            env=cli_env(tmp_path))
+    finally:
+        nsystemd.run(["umount", str(journal.parent)])
     assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout, proc.stderr
     [res] = json.loads(proc.stdout)["resources"]
     assert res["status"] == "error"
     assert [(a["action"], a["result"]) for a in res["actions"]] == [("stop", "failed")]

@@ -230,3 +230,26 @@ def test_docs_name_exactly_the_packages_ci_installs(doc):
     assert len(found) == 1, f"{doc}: {len(found)} blocks install Debian packages; one list, please"
     for named, ci in zip(installed_by(found[0]), (apt, pip), strict=True):
         assert named == ci, f"{doc}:{found[0].line}: missing {sorted(ci - named)}, extra {sorted(named - ci)}"
+
+
+def test_the_journal_lines_shown_have_a_real_journals_keys(nsystemd, tmp_path):
+    """docs/commands.md's "Journal and lock" block: each line shown has the keys, in order, of the
+    line of the same event a real `reconcile apply` wrote (a unit stopped in the namespaced systemd)."""
+    from cli_support import NsCli, service
+
+    text = (ROOT / "docs" / "commands.md").read_text()
+    section = text[text.index("## Journal and lock"):]
+    block = next(b for b in BLOCKS if b.file == "docs/commands.md" and b.lang == "json"
+                 and "\n".join(b.lines) in section)
+    shown = {e["event"]: list(e) for e in map(json.loads, block.lines)}
+    nsystemd.write_unit("doc-k.service", service("doc-k.service"))
+    nsystemd.systemctl("enable", "--now", "doc-k.service", check=True)
+    cli = NsCli(nsystemd, tmp_path)
+    applied = cli("apply", str(cli.state("version: 1\nunits:\n  doc-k.service:\n    active: false\n")))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    real: dict[str, list[str]] = {}
+    for e in cli.journal_lines():
+        real.setdefault(e["event"], list(e))
+    assert set(shown) == {"intent", "result", "verified"} <= set(real), (shown, real)
+    assert "boot" in real["intent"]  # this machine's boot id is readable: the line carries it
+    assert shown == {event: real[event] for event in shown}, (shown, real)

@@ -539,10 +539,11 @@ def test_long_first_check_making_progress_is_not_cut_short(tmp_path):
     out = tmp_path / "hs"
     # Well above the heartbeats' pace (20 a second at most), so that a busy machine that keeps
     # the child off a CPU for a moment does not read as "no progress": 1 s was not, on a 2-core
-    # machine at load 10 (a stall of a second is then the scheduler's, not the check's).
-    timeout = 2.0
+    # machine at load 10, nor 2 s at load 20 (a stall of seconds is then the scheduler's, not the
+    # check's).
+    timeout = 5.0
     n, written = 30_000, 0
-    for _ in range(6):  # up to 960,000 files: far more than any machine checks in 3 s
+    for _ in range(6):  # up to 960,000 files: far more than any machine checks in 15 s
         write_samples(out, range(written, n), group=1000)
         written = n
         state = state_yaml(tmp_path / "s.yaml", {"dir": str(out), "total": n, "verify": "content",

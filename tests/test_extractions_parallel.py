@@ -1,4 +1,4 @@
-"""The integrity check on every CPU gives what the serial check gives (issue 20).
+"""The integrity check on every CPU gives what the serial check gives.
 
 A tree with every kind of file the check tells apart (whole, cut off, zeroed, a flipped tensor
 byte only the CRC sees, zero bytes, .gz, safetensors, no CRCs, a directory and a FIFO with a

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -96,6 +97,14 @@ def _git(*args: str, cwd: Path, env: dict, check: bool = True) -> subprocess.Com
                           cwd=cwd, env=env, capture_output=True, text=True, check=check, timeout=300)
 
 
+def docs_precommit_block() -> list[str]:
+    """The failed hook's output as docs/gitops.md shows it: the fenced block that opens with the hook's line."""
+    text = (REPO / "docs" / "gitops.md").read_text()
+    block = re.search(r"^```\n(reconcile validate\.+Failed\n.*?)^```$", text, re.M | re.S)
+    assert block, "docs/gitops.md: no pre-commit output block"
+    return block.group(1).rstrip("\n").split("\n")
+
+
 def _hook_repo(tmp: Path, env: dict) -> tuple[Path, str]:
     """A git repository holding this working tree (committed or not), as pre-commit clones a hook repo."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
@@ -163,6 +172,12 @@ def test_pre_commit_hook_blocks_a_bad_state_file(tmp_path):
     assert ("states/kpro6.yaml:4:5: units.\"vllm-kimi-k25-int4.service\": unknown key 'activ' "
             "(did you mean 'active'?)") in out
     assert "notes.yaml" not in out
+    # docs/gitops.md shows this output: its lines are pre-commit's, in order, the duration's number aside.
+    shown = docs_precommit_block()
+    printed = [line.rstrip() for line in out.splitlines()]
+    start = printed.index(shown[0])
+    assert [re.sub(r"^- duration: [0-9.]+s$", "- duration: Ns", line) for line in printed[start:start + len(shown)]] \
+        == [re.sub(r"^- duration: [0-9.]+s$", "- duration: Ns", line) for line in shown], (shown, out)
     assert _git("rev-parse", "-q", "--verify", "HEAD", cwd=project, env=env, check=False).returncode != 0
 
     (project / "states" / "kpro6.yaml").write_text(

@@ -1,4 +1,4 @@
-"""The gpus kind's PCI bus check (reconcilers/gpus/pcibus.py, issue 33 §4): the NVIDIA GPUs sysfs
+"""The gpus kind's PCI bus check (reconcilers/gpus/pcibus.py): the NVIDIA GPUs sysfs
 shows, held against the driver's list and the declared count.
 
 The authorities: pciutils' `lspci` reading the same sysfs tree (the fake trees are built from real

@@ -214,7 +214,8 @@ def test_a_gpu_that_comes_back_just_as_broken_is_reset_once_then_needs_a_reboot(
                          "--journal", str(rig.journal))
     reboot = [a for a in plan["actions"] if a["action"] == "reboot"]
     assert reboot and reboot[0]["result"] == "planned"
-    assert "did not help" in reboot[0]["description"]
+    assert "escalation: after the reset at" in reboot[0]["description"]
+    assert "which did not clear the fault" in reboot[0]["description"]
     assert not rig.reboot_asked.exists()
 
 

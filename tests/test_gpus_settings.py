@@ -286,7 +286,10 @@ def test_nvidia_persistenced_holding_every_device_file_does_not_block_mig(tmp_pa
     holders = gs.Holders()
     state = "gpus:\n  settings:\n    mig: enabled\n"
     try:
-        holders.start("nvidia-persistenced", gs.new_tag(), hold=dev / "nvidia0")
+        # Root's program of that name (the exemption goes by /proc/PID/exe, never by the name a
+        # process gives itself).
+        holders.start("nvidia-persistenced", gs.new_tag(), hold=dev / "nvidia0",
+                      program=gs.program_copy(tmp_path, "nvidia-persistenced"))
         other = holders.start("python-tool", gs.new_tag(), hold=dev / "nvidia1")
         proc = gs.cli(tmp_path, fake_lib, host.config, "diff", str(gs.write_state(tmp_path, state)), "--format",
                       "json", RECONCILE_KERNEL_LOG=str(host.klog), RECONCILE_NVIDIA_DEV_GLOB=str(dev / "nvidia*"))

@@ -1,5 +1,5 @@
 """The GPU temperature through nvmlDeviceGetTemperatureV, and through the deprecated
-nvmlDeviceGetTemperature only on a driver without the new call (issue 27 §4).
+nvmlDeviceGetTemperature only on a driver without the new call.
 
 The real pynvml loads the fake libnvidia-ml.so.1 built two ways: with the V call (a current driver)
 and without it (a driver from before it, where pynvml raises FunctionNotFound). The expected

@@ -1,4 +1,4 @@
-"""Each class of hostile input of issue 13, as a user meets it: through the CLI, one line per
+"""Each class of hostile input, as a user meets it: through the CLI, one line per
 problem at the position of the offending node, exit 1, never a traceback. (The fuzzer,
 tests/test_fuzz_statefile.py, covers the classes at random; these are their named cases.)"""
 

@@ -13,7 +13,9 @@ from ssh_support import free_port, sshd  # noqa: F401  (the fixture)
 
 
 def remote_command(tmp: Path, inner_prefix: str = "") -> str:
-    return f"{inner_prefix}env RECONCILE_CACHE_DIR={tmp / 'remote-cache'} {sys.executable} -m reconcile_host"
+    # ssh passes no environment: the target's records in TMP too, never in /var/lib/reconcile.
+    return (f"{inner_prefix}env RECONCILE_CACHE_DIR={tmp / 'remote-cache'} RECONCILE_STATE_DIR={tmp / 'remote-state'} "
+            f"{sys.executable} -m reconcile_host")
 
 
 def write_inventory(tmp: Path, server, hosts: dict[str, dict], groups: dict[str, list[str]],

@@ -1,4 +1,4 @@
-"""`reconcile log` (issue 26, section 2): the journal as a timeline, and its bounded growth.
+"""`reconcile log`: the journal as a timeline, and its bounded growth.
 
 The journals read back here are written by real `reconcile apply` runs against the namespaced
 systemd (tests/nsystemd.py), one of them killed with SIGKILL mid-run as tests/test_crash.py does;
@@ -254,7 +254,8 @@ def _remote_command(tmp: Path) -> str:
     """The target's reconcile: this interpreter (ssh passes no environment)."""
     import sys
 
-    return f"env RECONCILE_CACHE_DIR={tmp / 'remote-cache'} {sys.executable} -m reconcile_host"
+    return (f"env RECONCILE_CACHE_DIR={tmp / 'remote-cache'} RECONCILE_STATE_DIR={tmp / 'remote-state'} "
+            f"{sys.executable} -m reconcile_host")
 
 
 def test_a_remote_journal_over_ssh_and_an_inventory_with_an_unreachable_host(sshd, tmp_path):  # noqa: F811

@@ -1,4 +1,4 @@
-"""Issue 27 section 2, mounts, held against the kernel in private mount namespaces:
+"""What a mount may be trusted for, held against the kernel in private mount namespaces:
 
 - an option whose value holds a space (an overlay's `lowerdir=/a b`, which the kernel writes as
   `\\040`) declared both ways holds, and reconcile mounts it so that the kernel shows the value

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import cli_env, reconcile_argv, run_cli
+from cli_support import cli_env, read_terminal, reconcile_argv, run_cli
 from host_doubles import ScriptedHost
 from reconcile_host.core.escape import escape_controls
 from reconcile_host.core.host import CommandResult
@@ -49,18 +49,9 @@ def on_a_terminal(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int,
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower, env=env, cwd=cwd,
                             close_fds=True)
     os.close(follower)
-    chunks = []
-    while True:
-        try:
-            data = os.read(leader, 65536)
-        except OSError:  # EIO once the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(leader)
+    out = read_terminal(leader)
     proc.wait(timeout=120)
-    return proc.returncode, b"".join(chunks).decode(errors="surrogateescape")
+    return proc.returncode, out.decode(errors="surrogateescape")
 
 
 # --- the rule ----------------------------------------------------------------------------------

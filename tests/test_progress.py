@@ -1,4 +1,4 @@
-"""Progress on a terminal (issue 20): the first integrity check, apply waiting for a resource to
+"""Progress on a terminal: the first integrity check, apply waiting for a resource to
 settle, a long command. On stderr only, only when it is a terminal, only with --format text;
 erased before the report. The CLI runs on a real pseudo-terminal here; the line appears after
 $RECONCILE_PROGRESS_AFTER seconds (0 in these tests: the work is controlled, not the clock)."""

@@ -13,6 +13,7 @@ prometheus_client's parser."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -97,8 +98,8 @@ def test_a_journal_that_cannot_be_used_is_a_report(tmp_path, fmt):
     (tmp_path / "afile").write_text("")  # the journal's directory is a regular file: ENOTDIR
     proc = run_cli(tmp_path, "apply", str(state), "--journal", str(tmp_path / "afile" / "journal.jsonl"),
                    "--format", fmt)
-    try:  # what the kernel says to making the journal's directory there
-        (tmp_path / "afile").mkdir()
+    try:  # what the kernel says to making a file beneath it (the lock, beside the journal)
+        os.open(tmp_path / "afile" / "lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         said = exc.strerror
     assert said in check_refusal(proc, fmt, "journal")
@@ -301,6 +302,6 @@ def test_slurm_health_judges_another_machine_unhealthy(tmp_path, monkeypatch, do
     state = tmp_path / "s.yaml"
     state.write_text(f"version: 1\nhost: {{machine_id: {other_id()}}}\n" + OK_STATE.split("\n", 1)[1])
     journal = Journal.at(str(tmp_path / "journal.jsonl"))
-    verdict, _ = slurm._check(slurm.Settings(str(state), "n1", str(journal.path), apply=do_apply), journal)
+    verdict, _, _ = slurm._check(slurm.Settings(str(state), "n1", str(journal.path), apply=do_apply), journal)
     assert not verdict.healthy and verdict.problems == ("machine-mismatch",)
     assert verdict.reason.startswith("reconcile: state file: ") and other_id() in verdict.reason

@@ -21,8 +21,10 @@ ROOT_OK = "version: 1\nmounts:\n  /:\n    mounted: true\n"
 
 
 def remote_command(tmp: Path, inner_prefix: str = "") -> str:
-    """The target's reconcile: this interpreter, with the test's cache (ssh passes no environment)."""
-    return f"{inner_prefix}env RECONCILE_CACHE_DIR={tmp / 'remote-cache'} {sys.executable} -m reconcile_host"
+    """The target's reconcile: this interpreter, with the test's cache and state directory (ssh passes
+    no environment: without them a root target would keep its records in /var/lib/reconcile)."""
+    return (f"{inner_prefix}env RECONCILE_CACHE_DIR={tmp / 'remote-cache'} "
+            f"RECONCILE_STATE_DIR={tmp / 'remote-state'} {sys.executable} -m reconcile_host")
 
 
 def ssh_args(server, tmp: Path, *extra: str, inner_prefix: str = "") -> list[str]:
@@ -244,7 +246,8 @@ def logging_remote(tmp: Path) -> tuple[str, Path]:
     log = tmp / "requests.log"
     script = tmp / "logging-reconcile"
     script.write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
-                      f'RECONCILE_CACHE_DIR={tmp / "remote-cache"} exec {sys.executable} -m reconcile_host "$@"\n')
+                      f'RECONCILE_CACHE_DIR={tmp / "remote-cache"} RECONCILE_STATE_DIR={tmp / "remote-state"} '
+                      f'exec {sys.executable} -m reconcile_host "$@"\n')
     script.chmod(0o755)
     return str(script), log
 
@@ -384,3 +387,29 @@ def test_the_default_key_exchange_stays_post_quantum_and_the_users_choice_wins(s
                    RECONCILE_SSH_OPTS=f"-o LogLevel=DEBUG1 -E {log}")
     assert proc.returncode == 0, proc.stderr
     assert negotiated_kex(log) == "curve25519-sha256"
+
+
+def test_old_spellings_read_on_the_target_are_said_where_the_command_was_typed(sshd, tmp_path):  # noqa: F811
+    """The far side's warnings (stderr there) reach this terminal's stderr, as a local run prints them,
+    and the JSON report carries them (`warnings`); stdout stays the report."""
+    data = tmp_path / "hs"
+    data.mkdir()
+    state = tmp_path / "old.yaml"
+    state.write_text(f"version: 1\nextractions:\n  hs:\n    dir: {data}\n    total: 10\n    verify: all\n")
+    local = run_cli(tmp_path, "diff", str(state))
+    said = [line for line in local.stderr.splitlines() if ": warning: " in line]
+    assert said and said[0].startswith(f"{state}:6:13: warning: extractions.hs.verify: 'all'"), local.stderr
+    remote = run_cli(tmp_path, "diff", str(state), *ssh_args(sshd, tmp_path))
+    assert remote.returncode == local.returncode, remote.stderr
+    assert [line for line in remote.stderr.splitlines() if ": warning: " in line] == said, remote.stderr
+    as_json = run_cli(tmp_path, "diff", str(state), "--format", "json", *ssh_args(sshd, tmp_path))
+    doc = json.loads(as_json.stdout)
+    assert doc.get("warnings") == said, (as_json.stderr, doc)
+    assert [line for line in as_json.stderr.splitlines() if ": warning: " in line] == said
+    from gitops_support import validate_report
+
+    validate_report(doc)
+    # No old spelling: no `warnings` in the report, nothing on stderr.
+    state.write_text(state.read_text().replace("verify: all", "verify: content"))
+    clean = run_cli(tmp_path, "diff", str(state), "--format", "json", *ssh_args(sshd, tmp_path))
+    assert "warnings" not in json.loads(clean.stdout) and ": warning: " not in clean.stderr, clean.stderr

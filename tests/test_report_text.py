@@ -7,7 +7,7 @@ import os
 import pty
 import subprocess
 
-from cli_support import cli_env, reconcile_argv
+from cli_support import cli_env, read_terminal, reconcile_argv
 
 
 def drifting_state(tmp):
@@ -24,18 +24,9 @@ def run_on_tty(argv, env):
     leader, follower = pty.openpty()
     proc = subprocess.Popen(argv, stdout=follower, stderr=subprocess.PIPE, env=env, close_fds=True)
     os.close(follower)
-    chunks = []
-    while True:
-        try:
-            data = os.read(leader, 65536)
-        except OSError:  # EIO once the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(leader)
+    out = read_terminal(leader)
     proc.wait(timeout=30)
-    return proc.returncode, b"".join(chunks).decode()
+    return proc.returncode, out.decode()
 
 
 def test_colour_on_a_terminal_only(tmp_path):

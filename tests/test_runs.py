@@ -134,7 +134,7 @@ def test_slurm_health_applies_through_the_run_path(tmp_path, lock_takers):
     from reconcile_host.pipeline.journal import Journal
 
     journal = Journal.at(str(tmp_path / "journal.jsonl"))
-    verdict, note = slurm._check(slurm.Settings(str(ok_state(tmp_path)), "n1", str(journal.path), apply=True),
+    verdict, note, _ = slurm._check(slurm.Settings(str(ok_state(tmp_path)), "n1", str(journal.path), apply=True),
                                  journal)
     assert verdict.healthy and note == ""
     assert lock_takers == [("reconcile_host.pipeline.runs", "lock")]
@@ -243,7 +243,7 @@ def test_slurm_health_judges_a_bad_state_file_unhealthy(tmp_path, monkeypatch):
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nmounts: [\n")
     journal = Journal.at(str(tmp_path / "journal.jsonl"))
-    verdict, _ = slurm._check(slurm.Settings(str(bad), "n1", str(journal.path)), journal)
+    verdict, _, _ = slurm._check(slurm.Settings(str(bad), "n1", str(journal.path)), journal)
     assert not verdict.healthy and verdict.problems == ("state file",)
     assert verdict.reason.startswith(f"reconcile: state file: {bad}:")
 
@@ -256,7 +256,7 @@ def test_slurm_health_with_the_lock_held_judges_without_applying(tmp_path, monke
     journal = Journal.at(str(tmp_path / "journal.jsonl"))
     with journal.lock() as held:
         held.acquire()
-        verdict, note = slurm._check(slurm.Settings(str(ok_state(tmp_path)), "n1", str(journal.path), apply=True),
+        verdict, note, _ = slurm._check(slurm.Settings(str(ok_state(tmp_path)), "n1", str(journal.path), apply=True),
                                      journal)
     assert verdict.healthy and note.startswith("not applied: another reconcile apply holds")
 

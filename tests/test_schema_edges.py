@@ -48,7 +48,12 @@ BASE = {
                     "y": {"dir": "/data/y", "total": 10, "job": {"command": ["/bin/true"], "cwd": "/"}}},
     "checkpoints": {"run": {"dir": "/data/run", "layout": "hf-trainer", "resume_from": "whole", "min_step": 100,
                             "max_age": "6h", "verify": "at-risk", "model_only": False, "observe_timeout": "60s",
-                            "needs": ["mount:/data"]}},
+                            "pattern": "epoch-*.ckpt", "pick": "lexicographic", "needs": ["mount:/data"]}},
+    "pools": {"vm": {"pool": "vm-disks", "cluster": {"conf": "/etc/ceph/ceph.conf", "id": "reconcile", "keyring": None},
+                     "observe_timeout": "15s", "healthy": True, "min_free": "10%",
+                     "quota": {"max_bytes": "8TiB", "min_free": "500GiB"}, "max_overcommit": 1.5,
+                     "min_days_to_full": "5d", "ratios": {"nearfull": 0.85, "backfillfull": 0.9, "full": 0.95},
+                     "needs": []}},
 }
 
 EDGES = [

@@ -230,6 +230,25 @@ def test_apply_mode_judges_after_applying_and_only_reads_while_another_apply_run
     assert cluster.reason().startswith("reconcile: gpus: GPU 0 ")
 
 
+def test_old_spellings_are_said_in_the_runs_line_and_journaled(tmp_path, cluster, fake_lib):
+    data = tmp_path / "hs"
+    data.mkdir()
+    state = tmp_path / "state.yaml"
+    state.write_text(f"version: 1\nextractions:\n  hs:\n    dir: {data}\n    total: 10\n    verify: all\n")
+    said = [line for line in subprocess.run(reconcile_argv("validate", str(state)), capture_output=True, text=True,
+                                            env=cli_env(tmp_path), timeout=60).stderr.splitlines()
+            if ": warning: " in line]
+    assert said and said[0].startswith(f"{state}:6:13: warning: extractions.hs.verify: 'all'"), said
+    proc = health(tmp_path, cluster, fake_lib, tmp_path / "no-gpus.conf", str(state))
+    (line,) = runs(tmp_path / "journal.jsonl")
+    assert line["warnings"] == said, line
+    (printed,) = proc.stdout.splitlines()
+    assert printed.startswith(f"reconcile slurm-health: node {cluster.node}: verdict={line['verdict']} ")
+    assert printed.endswith("; " + "; ".join(said)), printed
+    # The warning is the run's, not Slurm's: the reason (when drained) is the verdict's alone.
+    assert "warning:" not in cluster.reason()
+
+
 def test_a_state_file_that_does_not_validate_drains_with_its_position(tmp_path, cluster, fake_lib):
     state = tmp_path / "state.yaml"
     state.write_text("version: 1\ngpus:\n  count: two\n")
@@ -286,6 +305,12 @@ MINE = "reconcile: gpus: GPU 1 is unhealthy"
     (True, "DOWN+DRAIN", MINE, "resume"),
     (True, "IDLE+DRAIN", "admin: swapping a disk", "none"),
     (True, "IDLE+DRAIN", "NHC: check_fs_mount: /scratch", "none"),
+    # Slurm is rebooting it (scontrol reboot ASAP: drained meanwhile, with the reboot's reason): left alone.
+    (False, "IDLE+DRAIN+REBOOT_REQUESTED", "reconcile: gpus: an older problem", "none"),
+    (True, "IDLE+DRAIN+REBOOT_REQUESTED", MINE, "none"),
+    (False, "IDLE+REBOOT_REQUESTED", "", "drain"),  # no ASAP: it takes jobs until the reboot
+    (False, "DOWN+REBOOT_ISSUED", MINE + " (reboot)", "none"),
+    (True, "DOWN+DRAIN+REBOOT_ISSUED", MINE, "none"),
 ])
 def test_decision(healthy, state, reason, action):
     verdict = slurm.Verdict(healthy, "" if healthy else MINE)

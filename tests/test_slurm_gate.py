@@ -1,4 +1,4 @@
-"""`reconcile slurm-health` and the validation gate (issue 33 §2): a node reconcile drained for a GPU
+"""`reconcile slurm-health` and the validation gate: a node reconcile drained for a GPU
 fault is resumed only once `gpus.validate` has passed in this boot, against a real Slurm (tests/
 slurm_support.py: Slurm's own state, read with scontrol, is the answer). The GPUs are the fake NVML's;
 the gate is a real command run by a real `reconcile apply`, and its record is the one it writes."""

@@ -1,4 +1,4 @@
-"""Issue 33 §1 (Slurm): `gpus.recover: {reboot: true, reboot_with: slurm}` reboots a node run by Slurm
+"""Slurm reboots: `gpus.recover: {reboot: true, reboot_with: slurm}` reboots a node run by Slurm
 through Slurm's own queue (`scontrol reboot ASAP nextstate=DOWN reason=… NODE`), never `systemctl
 reboot`. The authority is a real slurmctld + slurmd + munge (slurm_support) whose slurm.conf
 RebootProgram only records that slurmd ran it; the GPU driver is the fake NVML (test_gpus_recovery's
@@ -6,6 +6,7 @@ Rig, whose `systemctl` first on PATH refuses `reboot` and records being asked). 
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
@@ -86,3 +87,51 @@ def test_the_cap_counts_slurm_reboots_across_boots(tmp_path, fake_lib):
         assert not [a for a in report["actions"] if a["action"] == "reboot"]
         assert [c for c in calls.read_text().splitlines() if c.startswith("reboot ")] == reboots
         assert not rig.reboot_asked.exists()
+
+
+def test_slurm_health_leaves_a_node_slurm_is_rebooting_and_its_reason_alone(tmp_path, fake_lib):
+    """A node waiting for its `scontrol reboot ASAP` (drained meanwhile, with the reboot's reason),
+    then with the reboot handed to slurmd: `reconcile slurm-health` neither drains it again with its
+    own reason (an unhealthy verdict) nor resumes it (a healthy one). Slurm's own answers decide."""
+    from cli_support import cli_env, reconcile_argv
+    from gpu_support import nvml_env
+    from test_slurm import GPU_STATE, runs, write_gpus
+
+    asked = tmp_path / "reboot-program-ran"
+    program = tmp_path / "reboot-program"
+    program.write_text(f"#!/bin/sh\necho ran >> {asked}\n")
+    program.chmod(0o755)
+    config, body, journal = tmp_path / "gpus.conf", tmp_path / "state.yaml", tmp_path / "journal.jsonl"
+    body.write_text(GPU_STATE)
+    reboot_reason = "reconcile: gpus: GPU 1 GPU-0001: Xid 79, fallen off the bus"
+    with SlurmCluster(node="rnode1", extra=f"RebootProgram={program}\nResumeTimeout=600") as cluster:
+        def health() -> dict:
+            env = cli_env(tmp_path, SLURM_CONF=str(cluster.conf), **nvml_env(fake_lib, config))
+            proc = subprocess.run(reconcile_argv("slurm-health", str(body), "--node", cluster.node, "--journal",
+                                                 str(journal)), capture_output=True, text=True, env=env,
+                                  timeout=60, cwd=tmp_path)
+            assert "Traceback" not in proc.stderr, proc.stderr
+            return runs(journal)[-1]
+
+        cluster.scontrol("reboot", "ASAP", "nextstate=DOWN", f"reason={reboot_reason}", cluster.node)
+        for bad_gpu in (1, None):  # unhealthy (a drain would re-word the reason), then healthy (a resume)
+            write_gpus(config, bad_gpu=bad_gpu)
+            before = cluster.state()
+            line = health()
+            assert flags(before) & {"REBOOT_REQUESTED", "REBOOT_ISSUED"}, cluster.node_line()
+            assert line["action"] == "none" and "Slurm is rebooting it" in line["why"], line
+            # Slurm's reason, as Slurm keeps it (slurmctld adds " : reboot issued" once it hands the reboot
+            # to slurmd), never reconcile's verdict in its place.
+            assert reboot_reason in cluster.reason() and "must not run jobs" not in cluster.reason()
+            assert flags(cluster.state()) & {"REBOOT_REQUESTED", "REBOOT_ISSUED"}, cluster.node_line()
+        # Handed to slurmd (RebootProgram ran; the node is not really rebooted): still left alone.
+        deadline = time.monotonic() + 150
+        while not asked.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert asked.exists(), f"RebootProgram did not run within 150s; state {cluster.state()}\n{cluster.log_tail()}"
+        write_gpus(config, bad_gpu=1)
+        before = cluster.state()
+        line = health()
+        if flags(before) & {"REBOOT_REQUESTED", "REBOOT_ISSUED"}:
+            assert line["action"] == "none" and "Slurm is rebooting it" in line["why"], (before, line)
+            assert reboot_reason in cluster.reason() and "must not run jobs" not in cluster.reason()

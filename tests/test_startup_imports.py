@@ -1,4 +1,4 @@
-"""What a `reconcile diff` imports in its own process (issue 31 §4, docs/benchmark.md#start-up).
+"""What a `reconcile diff` imports in its own process (docs/benchmark.md#start-up).
 
 The GPUs are observed in a forked child (pipeline/engine.py observe_to_pipe): the readers only it
 needs (the kernel log, NVML, /proc, the containers' cgroups) are imported there, and what only a

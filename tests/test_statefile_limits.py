@@ -1,4 +1,4 @@
-"""Issue 27 section 3: what a state file, an inventory or a saved plan may be, and states that
+"""What a state file, an inventory or a saved plan may be, and states that
 can never hold.
 
 - Only a regular file is read. A FIFO with no writer would block open(2) for good; a device may

@@ -1,5 +1,5 @@
 """Units against the live systemd 252 on every unit-file layout of tests/data/units/layouts.yaml
-(systemd's own test-systemctl-enable.sh layouts and the classes of issue 14; no answers stored).
+(systemd's own test-systemctl-enable.sh layouts and classes added here; no answers stored).
 
 Each layout is written into a namespaced systemd whose vendor directories are overlays of its own
 (tests/nsystemd.py, vendor_dirs=True), then each of its units is declared, twice (a state that

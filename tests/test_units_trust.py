@@ -1,4 +1,4 @@
-"""Issue 27 sections 2 and 3, units, against the namespaced systemd 252 (tests/nsystemd.py):
+"""What a unit may be trusted for, against the namespaced systemd 252 (tests/nsystemd.py):
 
 - a mount unit that exists only from the mount table (no unit file, UnitFileState empty) declared
   `enabled: true`: systemctl itself refuses to enable it, and reconcile blocks with the step

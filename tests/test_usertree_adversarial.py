@@ -60,7 +60,7 @@ def as_user(code: str, *args: str, cwd: Path, background: bool = False):
     return proc
 
 
-class Host:
+class Scene:
     """The temporary base (0755), a root-only folder with a secret and a target, the user's tree."""
 
     def __init__(self, base: Path):
@@ -101,7 +101,7 @@ def host():
     base = Path(tempfile.mkdtemp(prefix="reconcile-adversary-"))
     os.chmod(base, 0o755)
     try:
-        yield Host(base)
+        yield Scene(base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -121,7 +121,7 @@ def megatron_template(tmp_path_factory):
     return run
 
 
-def megatron(host: Host, template: Path, torn: bool) -> tuple[Path, Path]:
+def megatron(host: Scene, template: Path, torn: bool) -> tuple[Path, Path]:
     run = host.base / "run"
     shutil.copytree(template, run, symlinks=True)
     if torn:  # the newest iteration cut off mid-write: apply quarantines it and points the tracker at 4

@@ -1,4 +1,4 @@
-"""One vocabulary (issue 30 §4): a state file written with the old spellings (`resume:` for an
+"""One vocabulary: a state file written with the old spellings (`resume:` for an
 extraction's job or a checkpoint's `resume_from`, `verify: recent|all|resume`) keeps working,
 with one `FILE:LINE:COL: warning:` line per old spelling on stderr naming the new one.
 

@@ -83,6 +83,36 @@ def test_sigterm_between_passes_exits_zero_at_once(tmp_path):
     assert "stopped cleanly after 1 pass (SIGTERM received)" in rest
 
 
+def test_old_spellings_are_said_once_at_start_not_every_pass(tmp_path):
+    data = tmp_path / "hs"
+    data.mkdir()
+    state = tmp_path / "state.yaml"
+    state.write_text(f"version: 1\nextractions:\n  hs:\n    dir: {data}\n    total: 10\n    verify: all\n")
+    said = [line for line in subprocess.run(reconcile_argv("validate", str(state)), capture_output=True, text=True,
+                                            env=cli_env(tmp_path), timeout=60).stderr.splitlines()
+            if ": warning: " in line]
+    assert said and said[0].startswith(f"{state}:6:13: warning: extractions.hs.verify: 'all'"), said
+    proc = subprocess.Popen(reconcile_argv("watch", str(state), "--interval", "1s", "-v", "--journal",
+                                           str(tmp_path / "journal.jsonl")),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(tmp_path))
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith(("pass 3:", "pass 4:")):
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = lines + rest.splitlines()
+    assert proc.returncode == 0, "\n".join(out)
+    assert [line for line in out if ": warning: " in line] == said, "\n".join(out)
+    loaded = next(i for i, line in enumerate(out) if line.startswith(f"state file {state} loaded"))
+    assert out[loaded + 1] == said[0]  # at start, with the loading
+
+
 # --- as a service of a real systemd -----------------------------------------------------------
 
 WATCH = "t-reconcile-watch.service"
@@ -109,6 +139,7 @@ def watch_unit(tmp, state, journal, log) -> str:
     # The namespace shares the host's /var: no StateDirectory= for the test.
     text = re.sub(r"^StateDirectory=.*$\n", "", text, flags=re.M)
     return text.replace("\n[Service]\n", f"\n[Service]\nEnvironment=RECONCILE_CACHE_DIR={tmp}/cache\n"
+                        f"Environment=RECONCILE_STATE_DIR={tmp}/state\n"  # the kinds' records: not /var/lib
                         f"StandardOutput=append:{log}\nStandardError=append:{log}\n"
                         # systemd tells ExecStopPost= how the main process ended.
                         "ExecStopPost=/bin/sh -c 'echo $SERVICE_RESULT $EXIT_CODE $EXIT_STATUS"

@@ -30,9 +30,12 @@ class Style:
         self.enabled = colour_wanted(out) if force is None else force
 
     def __call__(self, text: str, *styles: str) -> str:
-        if not self.enabled or not styles:
+        # An empty name is "no style": a planned action has no colour of its own (RESULT_COLOUR),
+        # nor an outcome the log does not colour; looking it up crashed diff on a colour terminal.
+        codes = [self.CODES[s] for s in styles if s]
+        if not self.enabled or not codes:
             return text
-        return "".join(f"\033[{self.CODES[s]}m" for s in styles) + text + "\033[0m"
+        return "".join(f"\033[{c}m" for c in codes) + text + "\033[0m"
 
 
 SIGILS = {

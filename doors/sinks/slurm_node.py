@@ -51,7 +51,7 @@ class Verdict:
     reason: str = ""  # the drain reason when not healthy, with the ownership prefix
     problems: tuple[str, ...] = ()  # the resource ids (or "state file", "internal error") found bad
     timed_out: bool = False  # no verdict within the deadline
-    gate: str = ""  # issue 33 §2: why the validation gate has not passed in this boot ("" when it has)
+    gate: str = ""  # why the validation gate has not passed in this boot ("" when it has)
 
 
 def verdict_of(doc: dict[str, Any]) -> Verdict:
@@ -108,6 +108,16 @@ class NodeState:
         return bool(FLEET_OUT_OF_SERVICE & self.flags)
 
     @property
+    def rebooting(self) -> bool:
+        """Slurm is rebooting it: the reboot handed to slurmd (REBOOT_ISSUED, `^` in sinfo), or requested
+        ASAP (REBOOT_REQUESTED, `@`, with the DRAIN `scontrol reboot ASAP` sets: no new jobs until the
+        reboot). slurmctld clears them when the node registers from its new boot (sinfo(1) NODE STATE
+        CODES, scontrol(1) `reboot`). A reboot requested without ASAP runs jobs until the node is idle:
+        not this; an unhealthy node is drained as any other."""
+        flags = self.flags
+        return "REBOOT_ISSUED" in flags or ("REBOOT_REQUESTED" in flags and "DRAIN" in flags)
+
+    @property
     def ours(self) -> bool:
         return self.reason.startswith(OWNER)
 
@@ -119,6 +129,11 @@ class Decision:
 
 
 def decide(verdict: Verdict, node: NodeState) -> Decision:
+    if node.rebooting:
+        # Its drain and reason are the reboot's (`scontrol reboot ASAP ... reason=`): a drain would
+        # replace the reason, a resume would hand the node to jobs before the reboot and the gate.
+        return Decision("none", f"Slurm is rebooting it ({node.state}"
+                                + (f", reason: {node.reason}" if node.reason else "") + "): left alone")
     if not verdict.healthy:
         if node.out_of_service and not node.ours:
             if node.reason:
@@ -127,7 +142,7 @@ def decide(verdict: Verdict, node: NodeState) -> Decision:
         if node.out_of_service and node.reason == verdict.reason:
             return Decision("none", "already drained for this reason")
         return Decision("drain", verdict.reason)
-    if node.out_of_service and node.ours and verdict.gate:  # issue 33 §2
+    if node.out_of_service and node.ours and verdict.gate:  # the validation gate below
         return Decision("none", f"converged, but {verdict.gate}: not resumed until it passes (`reconcile apply` "
                                 f"runs it); the drain is reconcile's ({node.reason})")
     if node.out_of_service and node.ours:
@@ -138,7 +153,7 @@ def decide(verdict: Verdict, node: NodeState) -> Decision:
     return Decision("none", "healthy")
 
 
-# --- issue 33 §2: a node reconcile drained returns only once the validation gate passed in this boot ---
+# --- a node reconcile drained returns only once the validation gate passed in this boot ---
 
 # The gpus kind's drift field until the gate passed (reconcilers/gpus/gate.py FIELD; a kind is not imported
 # from here, tests/test_layers.py; tests/test_slurm_gate.py holds the two equal).
@@ -156,7 +171,7 @@ def gate_pending(doc: dict[str, Any]) -> str:
                 return f"the validation gate has not passed in this boot ({d.get('have')})"
     return ""
 
-# --- end of issue 33 §2 ---------------------------------------------------------------------------
+# --- end of the validation gate ---------------------------------------------------------------------------
 
 
 _STATE = re.compile(r"(?:^| )State=(\S+)")

@@ -30,7 +30,7 @@ LIMITS = Limits()
 
 
 # What YAML parsers count as a line break; compiled when a position is needed (an error, the
-# parser's positions.py), not at every start-up: its Unicode class takes ~0.3 ms (issue 31 §4).
+# parser's positions.py), not at every start-up: its Unicode class takes ~0.3 ms.
 BREAK = "\r\n|[\r\n\x85\u2028\u2029]"
 
 

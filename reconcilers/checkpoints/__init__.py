@@ -23,7 +23,7 @@ from ...common.quarantine import QUARANTINE
 from ...common.usertree import UnsafeTree
 from ...core.contract import Action, ApplyError, Context, Drift, ObserveError, Plan, Reconciler, Resource
 from ...core.values import format_duration, parse_duration
-from .observed import CheckpointsObserved, NotCheckable, StepObserved
+from .observed import QUARANTINE_BESIDE, CheckpointsObserved, NotCheckable, StepObserved
 
 DEFAULT_OBSERVE_TIMEOUT = "60s"
 
@@ -50,6 +50,8 @@ class CheckpointsReconciler(Reconciler):
                 "model_only": bool(spec.get("model_only", False)),
                 "observe_timeout": parse_duration(spec.get("observe_timeout", DEFAULT_OBSERVE_TIMEOUT)),
             }
+            if spec.get("layout") == "fabric":  # its rule is declared (the schema requires both)
+                norm.update(pattern=spec["pattern"], pick=spec["pick"])
             out.append(Resource(id=f"checkpoint:{name}", kind=self.kind, name=name, spec=norm,
                                 needs=tuple(spec.get("needs", ()))))
         return out
@@ -158,8 +160,9 @@ class CheckpointsReconciler(Reconciler):
 
 
 def _noun(o: CheckpointsObserved) -> str:
-    """What a checkpoint's number is: Accelerate's checkpoint_N counts saves, not steps."""
-    return "checkpoint" if o.layout == "accelerate" else "step"
+    """What a checkpoint's number is: Accelerate's checkpoint_N counts saves, not steps; a Fabric
+    checkpoint's is its place in the declared pick order."""
+    return "checkpoint" if o.layout in ("accelerate", "fabric") else "step"
 
 
 def _at(o: CheckpointsObserved, n: int | None) -> str:
@@ -236,9 +239,11 @@ def fix_actions(o: CheckpointsObserved) -> list[Action]:
     torn = to_quarantine(o)
     if torn:
         first = torn[0]
+        where = (os.path.join(os.path.dirname(o.dir.rstrip("/")), QUARANTINE) if o.layout in QUARANTINE_BESIDE
+                 else f"{o.dir}/{QUARANTINE}")
         actions.append(Action(
             "quarantine", o.dir,
-            f"move {len(torn)} torn checkpoint{'s' if len(torn) != 1 else ''} to {o.dir}/{QUARANTINE}/ "
+            f"move {len(torn)} torn checkpoint{'s' if len(torn) != 1 else ''} to {where}/ "
             f"({first.path}: {first.reason}" + (f", +{len(torn) - 1} more" if len(torn) > 1 else "") + ")",
             {"steps": [{"path": s.path, "reason": s.reason} for s in torn]}))
     target = o.newest_whole_path

@@ -8,7 +8,9 @@ the plan saw if the directory changed since), none deleting anything:
   is not recursive and `.reconcile-quarantine` has no `.ckpt` suffix; DeepSpeed and Megatron read
   only what their pointer names; torchtitan matches `step-N` at the top; Accelerate's
   load_state and total_limit cleanup read every entry of `checkpoints/` (and crash on one without a
-  number), so its quarantine is in the project_dir, beside `checkpoints/`;
+  number), so its quarantine is in the project_dir, beside `checkpoints/`; litgpt's resume walks
+  every folder below out_dir (rglob, hidden ones too) and the Fabric example's lists every entry
+  of its folder, so theirs is beside dir, in its parent (<parent>/.reconcile-quarantine/<time>/<dir name>/);
 - point: DeepSpeed's `latest` or Megatron's tracker rewritten durably: a file of a random name
   made O_EXCL beside it, fsync, renameat over it, fsync of the directory (the old text is kept in
   the quarantine); the new file keeps the directory owner's ownership (the job reads it back);
@@ -26,6 +28,7 @@ from typing import Any
 from ...common.quarantine import QUARANTINE, makedirs_in, open_new
 from ...common.usertree import POINTER_LIMIT, Tree, UnsafeTree, rename_between
 from ...core.contract import ApplyError, utc_iso
+from .added import BESIDE
 from .layouts import ACC_FOLDER
 from .observed import CheckpointsObserved, NotCheckable
 from .survey import survey
@@ -89,14 +92,20 @@ def quarantine(spec: dict[str, Any], name: str, steps: list[dict[str, Any]]) -> 
                         continue
                     parent, _, base = rel.rpartition("/")
                     st = tree.lstat(rel)
+                    inner = parent
+                    if obs.layout in BESIDE:  # beside dir: the framework's rule walks or lists all of dir
+                        inner = "/".join(p for p in (os.path.basename(os.path.abspath(root)), parent) if p)
+                        if q is None:
+                            with _open_root(os.path.dirname(os.path.abspath(root))) as above:
+                                q = open_new(above)
                     q = q or open_new(tree)
                     # accelerate: <dir>/.reconcile-quarantine/T/checkpoints/checkpoint_N, beside
-                    # checkpoints/, never in it (its rule)
+                    # checkpoints/, never in it (its rule); litgpt, fabric: <parent>/.reconcile-quarantine/T/<dir>/
                     with tree.subdir(parent) if parent else Tree(os.dup(tree.fd), root) as src, \
-                            makedirs_in(q, parent) if parent else Tree(os.dup(q.fd), q.path) as dst:
+                            makedirs_in(q, inner) if inner else Tree(os.dup(q.fd), q.path) as dst:
                         rename_between(src, base, dst, base)
                     moved.append({"path": rel, "original": os.path.join(root, rel),
-                                  "moved_to": os.path.relpath(os.path.join(q.path, rel), root),
+                                  "moved_to": os.path.relpath(os.path.join(q.path, inner, base), root),
                                   "reason": now.reason, "step": now.step, "mtime": st.st_mtime,
                                   "mtime_utc": utc_iso(st.st_mtime), "size": now.size})
             finally:

@@ -89,28 +89,6 @@ def file_check(path: str, depth: str) -> tuple[bool, str]:
     return True, ""
 
 
-def detect(root: str, names: list[str]) -> str | None:
-    """The layout a run directory looks like, from its names alone; None when none fits."""
-    s = set(names)
-    if MEGATRON_TRACKER in s or any(MEGATRON_DIR.match(n) for n in names):
-        return "megatron"
-    if any(HF_DIR.match(n) for n in names):
-        return "hf-trainer"
-    if ACC_FOLDER in s and any(ACC_DIR.match(n) for n in _listdir(os.path.join(root, ACC_FOLDER))):
-        return "accelerate"
-    if "latest" in s or "latest_universal" in s:
-        return "deepspeed"
-    if any(n.endswith(".ckpt") for n in names):
-        return "lightning"
-    for n in names:
-        p = os.path.join(root, n)
-        if DCP_DIR.search(n) and os.path.isdir(p):
-            return "dcp"
-        if os.path.isdir(p) and any(DS_MODEL.match(x) for x in _listdir(p)):
-            return "deepspeed"
-    return None
-
-
 def _listdir(path: str) -> list[str]:
     try:
         return os.listdir(path)

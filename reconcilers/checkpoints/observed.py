@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LAYOUTS = ("hf-trainer", "lightning", "deepspeed", "dcp", "megatron", "accelerate")
+# Layouts whose quarantine lies beside dir, in its parent: their rule reaches every entry of dir
+# (litgpt's rglob walks hidden folders; the Fabric example's sorted(os.listdir(dir))).
+QUARANTINE_BESIDE = ("litgpt", "fabric")
+LAYOUTS = ("hf-trainer", "lightning", "deepspeed", "dcp", "megatron", "accelerate", "diffusers", "litgpt", "fabric",
+           "orbax")
 
 
 class NotCheckable(ValueError):

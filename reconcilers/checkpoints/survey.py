@@ -13,9 +13,11 @@ from typing import Any
 
 from ...common.filechecks.integrity import CONTENT, STRUCTURE
 from ...common.quarantine import QUARANTINE, refuse_planted
+from ...common.usertree import Tree
 from . import accelerate as A
+from . import added, records
+from . import detect as D
 from . import layouts as L
-from . import records
 from .observed import CheckpointsObserved, NotCheckable, StepObserved
 
 RULES = {
@@ -55,12 +57,18 @@ def survey(spec: dict[str, Any], beat: Callable[[], None] | None = None) -> Chec
         return CheckpointsObserved(dir=root, layout=layout or "unknown", detected=not layout, exists=False)
     detected = not layout
     if detected:
-        layout = L.detect(root, names)
-        if layout is None and _accelerate_folder(names):
+        if not names:
+            return CheckpointsObserved(dir=root, layout="unknown", detected=True, exists=True)
+        if _accelerate_folder(names) and not _evidence(root):
             raise NotCheckable(f"{root}: no checkpoint layout recognised; it looks like layout "
                                f"{_accelerate_folder(names)}")
-        if layout is None:
-            return CheckpointsObserved(dir=root, layout="unknown", detected=True, exists=True)
+        with Tree.open(root) as tree:
+            layout = D.detect(tree)  # from files only one framework writes, else NotCheckable
+    if layout in added.LAYOUTS:
+        obs = added.survey(spec, layout, detected, beat)
+        if not detected and layout != "fabric":  # (Fabric's files are whatever the script names)
+            _other_framework(root, layout)
+        return obs
     if layout == "accelerate":
         names = A.names(root)
     verify = spec.get("verify", "at-risk")
@@ -86,6 +94,10 @@ def survey(spec: dict[str, Any], beat: Callable[[], None] | None = None) -> Chec
         (pick, problem, text), blocker = _pick(root, layout, names, steps), ""
     if not steps and pick is None and not detected:
         _sees_nothing(root, layout)
+    if not detected:
+        _other_framework(root, layout)
+        if layout == "lightning":
+            _not_lightnings(root, steps)
     if verify == "at-risk":
         steps = _deepen(steps, pick, book, check)
     book.save()
@@ -167,15 +179,53 @@ def _sees_nothing(root: str, layout: str) -> None:
     (another layout's names, weights or checkpoint files) is a wrong declaration, not "nothing
     saved yet": NotCheckable, naming what is there and the layout it looks like."""
     names = sorted(n for n in os.listdir(root) if n != QUARANTINE)
-    looks = L.detect(root, names) or _accelerate_folder(names)
+    seen = _evidence(root)
+    looks = next(iter(sorted(seen)), None) or _accelerate_folder(names)
     shaped = L.shaped_files(root, names)
-    if looks == layout or (looks is None and not shaped):
+    if looks == layout or layout in seen or (looks is None and not shaped):
         return
     found = shaped or (A.names(root) if looks == "accelerate" else []) or names
     what = ", ".join(found[:3]) + (f" (+{len(found) - 3} more)" if len(found) > 3 else "")
     like = f"; it looks like layout {looks}" if looks else ""
-    raise NotCheckable(f"layout {layout} finds no checkpoint in {root}, which holds {what}{like}; "
-                       f"{EMPTY_PICK[layout]}")
+    works = f" (declare {D.declaration(looks)})" if looks in seen else ""
+    raise NotCheckable(f"layout {layout} finds no checkpoint in {root}, which holds {what}{like}{works}; "
+                       f"{_empty(layout)}")
+
+
+def _empty(layout: str) -> str:
+    return EMPTY_PICK.get(layout) or added.EMPTY_PICK[layout]
+
+
+def _evidence(root: str) -> dict[str, str]:
+    with Tree.open(root) as tree:
+        return D.evidence(tree)
+
+
+def _not_lightnings(root: str, steps: list[StepObserved]) -> None:
+    """`layout: lightning` on `.ckpt` files none of which Lightning wrote (no whole one's pickle
+    names `pytorch-lightning_version`: a Fabric script's saves): its rule would look for a
+    last*.ckpt the job never reads, and apply would make one the job's own rule might then pick."""
+    whole = sorted((s for s in steps if s.whole), key=lambda s: -s.mtime)[:8]
+    if not whole:
+        return
+    with Tree.open(root) as tree:
+        if any(D.lightning_keys(tree, s.path) for s in whole):
+            return
+    raise NotCheckable(f"layout lightning declared, but no .ckpt in {root} holds Lightning's keys "
+                       f"(pytorch-lightning_version), e.g. {whole[0].path}: not Lightning's saves (a Fabric "
+                       f"script's?); declare {D.declaration('fabric')}")
+
+
+def _other_framework(root: str, layout: str) -> None:
+    """A declared layout among another framework's own files (and none of its own) is judged by
+    rules that are not the job's: an error naming them and the declaration that works."""
+    seen = _evidence(root)
+    if not seen or layout in seen:
+        return
+    other = sorted(seen)
+    said = "; ".join(f"{seen[k]} (only layout {k} writes it)" for k in other)
+    raise NotCheckable(f"layout {layout} declared, but {root} holds another framework's files: {said}; "
+                       f"declare {' or '.join(D.declaration(k) for k in other)}")
 
 
 def _accelerate_folder(names: list[str]) -> str | None:

@@ -23,7 +23,7 @@ STATE_FORMAT = 4
 
 def state_dir() -> str:
     # A string, as core/paths.py's: pathlib (with urllib.parse and ipaddress) is ~3 ms of the
-    # observer child's start-up, the one module of that weight it alone would import (issue 31 §4).
+    # observer child's start-up, the one module of that weight it alone would import.
     from ...core import paths
 
     return os.path.join(paths.state_dir(), "extractions")

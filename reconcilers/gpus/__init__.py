@@ -48,7 +48,7 @@ from .checks import check_blocked, check_drift, parse_checks
 from .memory import UNKNOWN, counted_used, memory_lines, memory_plan, mib
 from .observed import Gpu, GpusObserved, GpuUse, Holder, RecoveryHost, SettingsHost
 
-# What only some runs need is imported where it is used (issue 31 §4): the observation's readers
+# What only some runs need is imported where it is used: the observation's readers
 # (kernel_log, nvml, procfs, smi, the containers' cgroups) in the forked observer child; recovery,
 # the validation gate and the settings only when the state declares `recover`, `validate` or
 # `settings`; the setters when an apply sets. A `diff` of `count` and `max_memory_used` imports
@@ -248,7 +248,7 @@ class GpusReconciler(Reconciler):
         gpus = [health.judge(g, events, log) for g in gpus]
         for g in gpus:
             notes.extend(f"GPU {g.index}: could not read {e}" for e in g.read_errors)
-        # --- the PCI bus, held against the driver's list (issue 33 §4: pcibus.py) ---
+        # --- the PCI bus, held against the driver's list (pcibus.py) ---
         bus = pcibus.with_visibility(pcibus.read_pci_bus(pcibus.sysfs_root()),
                                      gpu_minors(os.environ.get(PROC_GPUS_ENV) or DEFAULT_PROC_GPUS))
         if (wrong := pcibus.disagreement(gpus, bus)) is not None:
@@ -332,7 +332,7 @@ class GpusReconciler(Reconciler):
                     drift.append(Drift(f"gpu{g.index}.healthy", True, False if g.health == "unhealthy" else UNKNOWN))
             for pci in dict.fromkeys(e.pci for e in health.unlisted_events(observed.gpus, observed.xids)):
                 drift.append(Drift(f"gpu@{pci}.healthy", True, False))
-        drift.extend(d for d in pcibus.bus_drift(spec, observed) if d not in drift)  # the PCI bus (issue 33 §4)
+        drift.extend(d for d in pcibus.bus_drift(spec, observed) if d not in drift)  # the PCI bus
         limit = spec.get("max_memory_used")
         if limit is not None:
             for g in observed.gpus:
@@ -394,7 +394,7 @@ class GpusReconciler(Reconciler):
             if f"gpu@{ev.pci}.healthy" in fields:
                 blocked.append(f"the GPU at PCI {ev.pci}, which the driver does not list, must not run jobs: "
                                f"{ev.step}. Why: {ev.describe()} [NVIDIA Xid catalogue: {ev.why}]")
-        blocked.extend(pcibus.bus_blocked(spec, observed, fields, {  # the PCI bus (issue 33 §4)
+        blocked.extend(pcibus.bus_blocked(spec, observed, fields, {  # the PCI bus
             f"gpu@{ev.pci}.healthy" for ev in health.unlisted_events(observed.gpus, observed.xids)}))
         actions, notes, mem_blocked = memory_plan(spec, observed, fields, ctx)
         blocked.extend(mem_blocked)
@@ -420,14 +420,16 @@ class GpusReconciler(Reconciler):
 
             if FIELD in fields:
                 ready = not actions and not any(f.endswith(".healthy") for f in fields)
-                gate_actions, gate_blocked = gate_plan(spec["validate"], observed.recovery.gate, history, ready)
-                actions.extend(gate_actions)
-                blocked.extend(gate_blocked)
+                gate_actions, gate_blocked = gate_plan(spec["validate"], observed.recovery.gate, history, ready,
+                                                       spec.get("recover"))
+                planned = {(a.action, a.target) for a in actions}
+                actions.extend(a for a in gate_actions if (a.action, a.target) not in planned)
+                blocked.extend(b for b in gate_blocked if b not in blocked)
         # A pending MIG/ECC change is converging only when nothing else is to be done or blocked.
         converging = "; ".join(pending) if pending and not actions and not blocked else None
         if pending and not converging:
             notes.extend(pending)
-        notes.extend(pcibus.bus_notes(observed))  # the PCI bus (issue 33 §4)
+        notes.extend(pcibus.bus_notes(observed))  # the PCI bus
         gate: Sequence[str] = ()
         if spec.get("validate") and observed.recovery is not None:
             from .gate import gate_lines

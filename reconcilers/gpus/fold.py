@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .catalogue import step_text
@@ -37,7 +37,6 @@ _FALLEN_RES = (re.compile(r"NVRM: GPU " + _BDF + r": GPU has fallen off the bus"
 _PROBE_GPU = "NVRM: The NVIDIA GPU "
 _PROBE_GPU_RE = re.compile(_PROBE_GPU + _BDF)
 _LOAD = "NVRM: loading NVIDIA UNIX"  # a driver load: a fixed string
-_LOAD_TAIL, _PROBE_TAIL = _LOAD[5:], _PROBE_GPU[5:]  # the same after `NVRM:`
 _BOOT_RE = re.compile(r"\bLinux version \d")
 _RESET = " was successfully reset"
 _RESET_RE = re.compile(r"\bGPU " + _BDF + _RESET)
@@ -63,10 +62,31 @@ _PREFIX_RE = re.compile(_PREFIX)
 # nvidia-smi's reset words reach the log through `tee /dev/kmsg` (user facility): tagged with
 # whatever the writer was (`host root:`), still at the start of the record's message.
 _USER_PREFIX_RE = re.compile(_TIME + r"(?:(?:[\w.-]+ )?[\w.()/-]+(?:\[\d+\])?: )?(?:\[[^\]\n]*\] ?)?")
-# `.` stops at a newline; sre scans it faster than [^\n]. A line that begins with white space
-# continues the record above it (dmesg, journalctl and _kmsg_line indent a record's later
-# lines): never a message of its own, so never matched here (see LogFold._feed_each).
-_TAIL_RE = re.compile(r"^" + _PREFIX + r"NVRM:(.*)", re.MULTILINE)
+# The block path's regular expressions, each led by a literal (sre scans for it in C).
+# `pid=…, name=…,` where the driver prints them, right after the Xid number (NVIDIA's format:
+# `NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:%02u[ GPU-CI:%02u]]): %d, pid=%s, name=%s, %s`), left out
+# as _PIDNAME_RE leaves them out of the message; nowhere else (another spacing: kept, a line then
+# has its own form). Each lookbehind is one header's fixed width.
+_PCI_HDR = r"NVRM: Xid \(PCI:[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
+_PID_BLOCK_RE = re.compile(
+    r"pid=(?:" + "|".join(f"(?<={_PCI_HDR}{mig}\\): {digits}, pid=)"
+                          for mig in ("", r" GPU-I:\d\d", r" GPU-I:\d\d GPU-CI:\d\d")
+                          for digits in (r"\d", r"\d\d", r"\d\d\d"))
+    + r")(?:'[^'\n]*'|[^,\n]*),[^\S\n]*(?:name=[^,\n]*,[^\S\n]*)?")
+# The message of each line that begins with `NVRM:` after the record's prefix (the block gets a
+# newline before its first line). The common prefixes first — dmesg's and /dev/kmsg's `[time] `,
+# journalctl's `[time] host kernel: ` — taken only when they account for every `NVRM:` of the
+# block (then no line is another's and none is a quote); else the whole of _PREFIX. A line that
+# begins with white space continues the record above it (dmesg, journalctl and _kmsg_line indent
+# a record's later lines): never a message of its own, so never matched here.
+_BLOCK_RES = (re.compile(r"\n\[[^\]\n]*+\] NVRM:(.*)"), re.compile(r"\n\[[^\]\n]*+\] [\w.-]++ kernel: NVRM:(.*)"))
+_BLOCK_RE = re.compile(r"\n" + _PREFIX + r"NVRM:(.*)")
+_LINE_RE = re.compile(_PREFIX + "NVRM:")
+# Part of what _HEX_RE folds, never more: its `0x…` words (led by the literal, the word boundary
+# checked behind it), not Xid 154's recovery actions (`from 0x0 (None) to 0x1`), which decide the
+# step. Bare hexadecimal words are left as they are: a form is then finer than a fault, never
+# coarser (two forms of one fault are one event).
+_HEX_BLOCK_RE = re.compile(r"0x(?<!\w0x)(?<!from 0x)(?<!to 0x)[0-9a-fA-F_]+\b")
 
 
 def starts_message(line: str, at: int, prefix: re.Pattern[str] = _PREFIX_RE) -> bool:
@@ -75,6 +95,7 @@ def starts_message(line: str, at: int, prefix: re.Pattern[str] = _PREFIX_RE) -> 
 
 
 _INDENT = (" ", "\t")
+_INIT_WORDS = ("Linux version ", _RESET, _LOAD, _PROBE_GPU)
 _PCI_KEYS: dict[str, str] = {}  # as printed -> pci_key: a machine has a few GPUs
 CACHE_MAX = 1024  # messages remembered verbatim: repeats skip the regular expressions
 
@@ -148,59 +169,116 @@ class LogFold:
         return self.lost if self.lost and self.lost_at >= self.init_all else ""
 
     def feed(self, lines: list[str] | None = None, text: str | None = None) -> None:
-        """Fold the next lines, in order: LINES, or TEXT (lines joined by newlines), or both."""
+        """Fold the next lines, in order: LINES, or TEXT (lines joined by newlines), or both.
+
+        The lines where a GPU starts afresh (a boot, a driver load, a reset, the probe message) are
+        folded one at a time, where they are; the runs of lines between them by blocks
+        (_feed_counted), where the order of faults does not change whether they are current."""
         if text is None:
             if not lines:
                 return
             text = "\n".join(lines)
-        if self.probe_left or "NVRM:" not in text:
-            if self.probe_left or "Linux version " in text or _RESET in text:
-                self._feed_each(lines if lines is not None else text.split("\n"))
-            else:
-                self.lines += len(lines) if lines is not None else text.count("\n") + 1
-            return
-        if "Linux version " in text or _RESET in text or not self._feed_counted(
-                text, len(lines) if lines is not None else text.count("\n") + 1):
-            # a boot, driver load, reset or probe message: where each line is matters
-            self._feed_each(lines if lines is not None else text.split("\n"))
+        at = 0
+        for start, stop in _init_spans(text):
+            if start > at:
+                self._feed_run(text[at:start - 1])  # (the newline before START left out)
+            self._feed_each(text[start:stop].split("\n"))
+            at = stop + 1
+        if at <= len(text):
+            self._feed_run(text[at:] if at else text)
+
+    def _feed_run(self, text: str) -> None:
+        """Lines with no (re)initialisation among them."""
+        if self.probe_left:  # the probe message's next lines: one at a time, until it is read
+            at = 0
+            while self.probe_left and at <= len(text):
+                stop = text.find("\n", at)
+                stop = len(text) if stop < 0 else stop
+                self._feed_each((text[at:stop],))
+                at = stop + 1
+            if at > len(text):
+                return
+            text = text[at:]
+        count = text.count("\n") + 1
+        if "NVRM:" not in text:
+            self.lines += count
+        elif not self._feed_counted(text, count):
+            self._feed_each(text.split("\n"))
 
     def _feed_counted(self, text: str, count: int) -> bool:
         """COUNT lines with no (re)initialisation among them: where a fault falls between them does
-        not change whether it is current, so each distinct message is counted at C speed (a storm
-        of 800,000 lines is a few dozen messages), judged once, and its first and last line looked
-        up for their times."""
-        tails = _TAIL_RE.findall(text)
-        counts = Counter(tails)  # each distinct message once, in the order each first appears
-        if any(tail.startswith((_LOAD_TAIL, _PROBE_TAIL)) for tail in counts):
-            return False  # a driver load or a probe message: a line at a time (nothing was folded yet)
+        not change whether it is current, so the lines are counted by what makes them one fault,
+        at C speed over the whole block, never by Python per line (a storm of 800,000 lines, each
+        from a process of its own, is 29 faults).
+
+        Two passes of regular expressions over the block: `pid=`/`name=` after the Xid number
+        left out (_PID_BLOCK_RE, as the fold key leaves them out: a storm's lines differ in them
+        one by one), then each driver line's message; one Counter counts the messages. What still
+        varies, the hexadecimal values the fold key folds, is folded per distinct message
+        (_HEX_BLOCK_RE: a part of what _HEX_RE folds, so two lines of one form are always one
+        fault). Each form is judged once, from its first line's message (the message the
+        line-at-a-time fold keeps); only a form's first and last line are looked up, for their
+        times. `varies`: a form met with more than one message. False: the block must be read a
+        line at a time (an Xid 154 whose values vary where the fold key does not fold)."""
+        plain = "\n" + _PID_BLOCK_RE.sub("", text)
+        tails: list[str] | None = None
+        for rx in _BLOCK_RES:
+            tails = rx.findall(plain)
+            if tails:
+                break
+        if not tails or len(tails) != plain.count("NVRM:"):
+            tails = _BLOCK_RE.findall(plain)
         self.lines += count
+        if not tails:
+            return True
         n = self.lines  # every fault here is after the last (re)initialisation and before the next
-        cache, events = self._cache, self.events
-        key_of: dict[str, tuple] = {}  # message -> fold key, for the faults here
-        for tail, times in counts.items():
-            hit = cache.get(tail) or self._classify(tail, cache)
+        form_of: dict[str, str] = {}
+        groups: dict[str, list] = {}  # form -> [lines, its first message, messages]
+        for tail, times in Counter(tails).items():  # in the order each first appears
+            form = form_of[tail] = _HEX_BLOCK_RE.sub("0x_", tail)
+            g = groups.get(form)
+            if g is None:
+                groups[form] = [times, tail, 1]
+            else:
+                g[0] += times
+                g[2] += 1
+        judged = []
+        no_cache = _NoCache()
+        for form, (times, tail, messages) in groups.items():
+            hit = self._classify(tail, no_cache)
             if hit is _NOTHING or hit is _LOAD_MARK or hit[0] == "reset":
-                continue  # (a load or reset would have sent these lines to _feed_each)
-            key, detail = hit[1], hit[2]
+                continue  # (a load or reset would have been read a line at a time)
+            if messages > 1 and hit[1][1] == 154:
+                self.lines -= count
+                return False
+            judged.append((form, times, tail, hit[1], hit[2], messages > 1))
+        events = self.events
+        firsts: dict[int, tuple] = {}  # line (among the driver's) -> the event it starts
+        for _form, times, tail, key, detail, differ in judged:
             ev = events.get(key)
             if ev is None:
-                head = _head(text, _line_of(text, "NVRM:" + tail, last=False))
-                ev = events[key] = [key[0], key[1], detail, key[2], head, head, 0, n, False]
+                ev = events[key] = [key[0], key[1], detail, key[2], "", "", 0, n, False]
+                firsts[tails.index(tail)] = key
             ev[COUNT] += times
-            if detail != ev[DETAIL]:
+            if differ or detail != ev[DETAIL]:
                 ev[VARIES] = True
-            key_of[tail] = key
         # Each fault's latest line: walk back from the end until every fault here is met (in a
         # storm, within a few lines; never more than the block).
+        key_of = {form: key for form, _, _, key, _, _ in judged}
         unmet = set(key_of.values())
-        for tail in reversed(tails):
-            key = key_of.get(tail)
+        lasts: dict[int, tuple] = {}
+        for i in range(len(tails) - 1, -1, -1):
+            key = key_of.get(form_of[tails[i]])
             if key in unmet:
                 unmet.discard(key)
-                ev = events[key]
-                ev[LAST], ev[LAST_N] = _head(text, _line_of(text, "NVRM:" + tail, last=True)), n
+                lasts[len(tails) - 1 - i] = key
                 if not unmet:
                     break
+        for at, key in _heads(text, firsts, backwards=False):
+            events[key][FIRST] = events[key][LAST] = at
+        for at, key in _heads(text, lasts, backwards=True):
+            ev = events[key]
+            ev[LAST], ev[LAST_N] = at, n
         return True
 
     def _feed_each(self, lines: Iterable[str]) -> None:
@@ -322,25 +400,60 @@ class LogFold:
         return tuple(out)
 
 
-def _line_of(text: str, needle: str, last: bool) -> int:
-    """Where NEEDLE ends a line of TEXT, first or last (a longer message may begin with it)."""
-    start, end = 0, len(text)
-    while True:
-        at = text.rfind(needle, start, end) if last else text.find(needle, start, end)
-        if at < 0:
-            return -1
-        stop = at + len(needle)
-        if stop == len(text) or text[stop] == "\n":
-            return at
-        if last:
-            end = stop - 1
+def _heads(text: str, wanted: dict[int, tuple], backwards: bool) -> Iterator[tuple[str, tuple]]:
+    """(what comes before `NVRM:`, WANTED's value) for the driver's lines of TEXT whose numbers
+    (0 the first of them, or the last one BACKWARDS) WANTED names: a walk from that end of the block
+    that stops at the farthest one wanted (in a storm, a few lines from either end)."""
+    left = len(wanted)
+    k = -1
+    pos = len(text) if backwards else 0
+    while left and pos >= 0:
+        start = text.rfind("\n", 0, pos) + 1 if backwards else pos
+        m = _LINE_RE.match(text, start)
+        if m is not None:
+            k += 1
+            key = wanted.get(k)
+            if key is not None:
+                left -= 1
+                yield text[start:m.end() - 5], key
+        if backwards:
+            pos = start - 1 if start > 0 else -1
         else:
-            start = at + 1
+            stop = text.find("\n", start)
+            pos = stop + 1 if stop >= 0 else -1
 
 
-def _head(text: str, at: int) -> str:
-    """What comes before `NVRM:` at AT on its line (the time)."""
-    return text[text.rfind("\n", 0, at) + 1:at] if at >= 0 else ""
+def _init_spans(text: str) -> list[tuple[int, int]]:
+    """Where in TEXT a GPU may start afresh, as (first, end) of whole lines, in order and merged:
+    every line holding a boot's, a driver load's, a reset's or the probe message's words (whether
+    they begin the message is for _feed_each to say). A few in a log; found at C speed."""
+    spans: list[tuple[int, int]] = []
+    for word in _INIT_WORDS:
+        at = text.find(word)
+        while at >= 0:
+            first = text.rfind("\n", 0, at) + 1
+            end = text.find("\n", at)
+            end = len(text) if end < 0 else end
+            spans.append((first, end))
+            at = text.find(word, end)
+    if len(spans) < 2:
+        return spans
+    spans.sort()
+    merged = [spans[0]]
+    for first, end in spans[1:]:
+        if first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((first, end))
+    return merged
+
+
+class _NoCache(dict):
+    """_classify's cache for the block path: forms are judged once a block, never remembered (a
+    storm's raw messages, each with its own pid, would only churn the line path's cache)."""
+
+    def __setitem__(self, key: str, value: tuple) -> None:
+        pass
 
 
 def _fold_key(pci: str, xid: int | None, detail: str, gi: int | None) -> tuple:

@@ -122,8 +122,9 @@ def gate_drift_have(validate: Mapping[str, Any] | None, result: GateResult | Non
 
 
 def gate_plan(validate: Mapping[str, Any], result: GateResult | None, history: History | None,
-              gpus_ready: bool) -> tuple[list[Action], list[str]]:
-    """(actions, blocked): the gate's run once the GPUs' verdicts allow it, or its failure."""
+              gpus_ready: bool, recover: Mapping[str, Any] | None = None) -> tuple[list[Action], list[str]]:
+    """(actions, blocked): the gate's run once the GPUs' verdicts allow it, or its failure; a failure
+    after a reset of this boot, with `recover.reboot`, is the escalation to the reboot (recovery.py)."""
     why = need(validate, result, history)
     argv = " ".join(validate["command"])
     if why:
@@ -132,6 +133,11 @@ def gate_plan(validate: Mapping[str, Any], result: GateResult | None, history: H
         return [Action("validate", "gpus", f"run the validation gate `{argv}` ({why})",
                        {"command": list(validate["command"]), "timeout": validate["timeout"], "why": why})], []
     if result is not None and not result.passed:
+        from .recovery import gate_escalation
+
+        step = gate_escalation(recover, f"`{argv}` {result.describe()}", result.time, history)
+        if step is not None:
+            return step
         return [], [f"the validation gate `{argv}` {result.describe()}: the GPUs do not count as healthy in this "
                     "boot (it runs again after a recovery, a reboot, or `reconcile ack` once a person fixed it)"]
     return [], []

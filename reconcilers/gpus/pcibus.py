@@ -1,5 +1,5 @@
 """The NVIDIA GPUs on the PCI bus, as sysfs lists them: what NVML's list and the declared `count`
-are held against, so that a GPU gone from the driver without a word is still named (issue 33 §4).
+are held against, so that a GPU gone from the driver without a word is still named.
 
 What is read, under ROOT (`/sys/bus/pci`, or `$RECONCILE_SYSFS_PCI`: the directory pciutils' lspci
 reads as `-A linux-sysfs -O sysfs.path=ROOT`), for each `ROOT/devices/DOMAIN:BUS:DEV.FN`

@@ -58,6 +58,7 @@ REBOOT_TIMEOUT = 60.0
 NVSWITCH_GLOBS = ("/dev/nvidia-nvswitch[0-9]*", "/proc/driver/nvidia-nvswitch/devices/*")
 NVSWITCH_ENV = "RECONCILE_NVSWITCH_GLOB"  # a glob to look for instead (tests)
 KMSG = "/dev/kmsg"
+ESCALATION = "escalation: after"  # a reboot planned because a reset of this boot was not enough
 
 
 def parse_recover(section: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -251,7 +252,7 @@ def recovery_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[s
     out = RecoveryPlan()
     if not rec:
         return out
-    window = f"{int(rec['window'] // 3600)}h" if rec["window"] % 3600 == 0 else format_duration(rec["window"])
+    window = window_words(rec)
     ack = "`reconcile ack --gpu {uuid} --reason ...` once it was serviced"
     reboot_for: list[tuple[Gpu, str]] = []
     resets: list[tuple[Gpu, str]] = []
@@ -261,7 +262,8 @@ def recovery_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[s
         step = top_action(g)
         why = "; ".join(g.problems)
         if step in RESET_STEPS and history is not None and (done := history.reset_this_boot(g)) is not None:
-            reboot_for.append((g, f"a reset in this boot ({utc_iso(done.time)}) did not help: {why}"))
+            reboot_for.append((g, f"{ESCALATION} the reset at {utc_iso(done.time)} in this boot, which did not clear "
+                                  f"the fault: {why}"))
         elif step in RESET_STEPS:
             resets.append((g, why))
         elif step in REBOOT_STEPS:
@@ -271,29 +273,12 @@ def recovery_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[s
         return out
     assert history is not None or not (resets or reboot_for)
     if reboot_for and rec["reboot"]:
-        reboots = history.reboots() if history else []
         out.handled.update(g.index for g, _ in reboot_for)
         labels = ", ".join(f"{g.label} {g.uuid}" for g, _ in reboot_for)
-        pending = history.reboot_pending() if history else None
-        if pending is not None:
-            out.blocked.append(f"{labels} must not run jobs: waiting for the reboot requested at "
-                               f"{utc_iso(pending.time)} in this boot ({pending.description.split(' for ')[0]}); "
-                               "not requested again")
-        elif len(reboots) >= rec["max_reboots"]:
-            out.blocked.append(f"{labels} must not run jobs, and the node needs service: reconcile rebooted it "
-                               f"{len(reboots)} time(s) in {window} (max_reboots {rec['max_reboots']}): "
-                               f"{_history_lines(reboots)}; no further reboot. Why: "
-                               + " / ".join(why for _, why in reboot_for)
-                               + "; `reconcile ack --reason ...` once it was serviced")
-        else:
-            why = " / ".join(f"{g.label}: {w}" for g, w in reboot_for)
-            params: dict[str, Any] = {"gpus": [g.uuid for g, _ in reboot_for]}
-            how = "systemctl reboot"
-            if rec["reboot_with"] == "slurm":
-                params.update(via="slurm", node=slurm_node_name(), reason=slurm_reason(f"gpus: {labels}: {why}"))
-                how = f"through Slurm: scontrol reboot ASAP nextstate=DOWN {params['node']}"
-            out.actions.append(Action("reboot", "node", f"reboot the node ({how}) for {labels}: {why}", params,
-                                      ends_run=True))
+        act, stop = reboot_step(rec, history, labels, " / ".join(f"{g.label}: {w}" for g, w in reboot_for), window,
+                                [g.uuid for g, _ in reboot_for])
+        out.actions.extend(act)
+        out.blocked.extend(stop)
         resets = []  # the reboot resets every GPU
     elif reboot_for:
         out.notes.extend(f"{g.label}: recover.reboot is off: reconcile does not reboot the node" for g, _ in reboot_for)
@@ -338,6 +323,52 @@ def recovery_plan(spec: Mapping[str, Any], observed: GpusObserved, fields: set[s
     # The reboot, when there is one, is the last thing done.
     out.actions.sort(key=lambda a: a.ends_run)
     return out
+
+
+def reboot_step(rec: Mapping[str, Any], history: History | None, labels: str, why: str, window: str,
+                uuids: Sequence[str]) -> tuple[list[Action], list[str]]:
+    """([the reboot], []) or ([], [why not]): waiting for the reboot already requested in this boot, or
+    `max_reboots` reached (the node needs a person, with the history). WHY starting with ESCALATION
+    (a reset in this boot that did not clear the fault, or the gate that failed after it) is
+    journaled so: the intent's and the result's description say `escalation: after the reset at …`."""
+    reboots = history.reboots() if history else []
+    pending = history.reboot_pending() if history else None
+    if pending is not None:
+        return [], [f"{labels} must not run jobs: waiting for the reboot requested at {utc_iso(pending.time)} in "
+                    f"this boot ({pending.description.split(' for ')[0]}); not requested again"]
+    if len(reboots) >= rec["max_reboots"]:
+        return [], [f"{labels} must not run jobs, and the node needs service: reconcile rebooted it {len(reboots)} "
+                    f"time(s) in {window} (max_reboots {rec['max_reboots']}): {_history_lines(reboots)}; no further "
+                    f"reboot. Why: {why}; `reconcile ack --reason ...` once it was serviced"]
+    params: dict[str, Any] = {"gpus": list(uuids)}
+    how = "systemctl reboot"
+    if rec["reboot_with"] == "slurm":
+        params.update(via="slurm", node=slurm_node_name(), reason=slurm_reason(f"gpus: {labels}: {why}"))
+        how = f"through Slurm: scontrol reboot ASAP nextstate=DOWN {params['node']}"
+    return [Action("reboot", "node", f"reboot the node ({how}) for {labels}: {why}", params, ends_run=True)], []
+
+
+def window_words(rec: Mapping[str, Any]) -> str:
+    return f"{int(rec['window'] // 3600)}h" if rec["window"] % 3600 == 0 else format_duration(rec["window"])
+
+
+def gate_escalation(rec: Mapping[str, Any] | None, failed: str, failed_at: float,
+                    history: History | None) -> tuple[list[Action], list[str]] | None:
+    """The next step after a validation gate that failed after a reset done in this boot, when
+    `recover.reboot` allows it: the reboot, within `max_reboots` (reboot_step), as NVSentinel and
+    medik8s escalate (reset, then reboot, then a person). None where it does not apply: no reboot
+    declared, no history, or the failed run did not follow a reset of this boot (after this boot's
+    start or the reboot into it, the next step is a person: blocked with the gate's tail)."""
+    if not rec or not rec.get("reboot") or history is None:
+        return None
+    done = [a for a in history.attempts if a.action == "reset" and a.boot == history.boot and a.result == "done"
+            and a.time <= failed_at]
+    if not done:
+        return None
+    last = done[-1]
+    uuids = list(dict.fromkeys(u for a in done for u in (a.gpus or (a.target,))))
+    why = f"{ESCALATION} the reset at {utc_iso(last.time)} in this boot, the validation gate {failed}"
+    return reboot_step(rec, history, ", ".join(uuids), why, window_words(rec), uuids)
 
 
 def persistence_around(g: Gpu, observed: GpusObserved) -> tuple[str, str]:
@@ -454,7 +485,7 @@ def reboot_through_slurm(host: Host, params: Mapping[str, Any]) -> str:
     """`scontrol reboot ASAP nextstate=DOWN reason=… NODE` (scontrol(1)): Slurm drains the node (no new
     jobs), waits for its jobs to end, then runs slurm.conf's RebootProgram. `nextstate=DOWN`, not
     RESUME: the node comes back out of service with reconcile's reason, and `reconcile slurm-health`
-    resumes it only once the validation gate passed in the new boot (issue 33 §2); RESUME would hand
+    resumes it only once the validation gate passed in the new boot; RESUME would hand
     it to jobs before the gate."""
     node = str(params["node"])
     argv = ["scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason={params['reason']}", node]

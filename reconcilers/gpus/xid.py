@@ -43,7 +43,7 @@ def pci_key(bus_id: str) -> str:
         return s
 
 
-# Compiled when a message needs them (re's cache), not at every start-up (issue 31 §4).
+# Compiled when a message needs them (re's cache), not at every start-up.
 _CAUSE = r"caused by previous Xid (\d+)"
 _RECOVERY = r"recovery action changed from .*? to (0x[0-9a-fA-F]+|\d+)"
 _FATAL = r"\b(non-?fatal|fatal)\b"
