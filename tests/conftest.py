@@ -85,6 +85,7 @@ LANE_OF_FILE = {
     "test_inventory.py": "system",
     "test_journal.py": "pure",
     "test_kernel_log_quotes.py": "reference",
+    "test_kernel_log_block_fold.py": "reference",
     "test_junit_report.py": "system",  # the in-memory rendering tests are marked pure
     "test_kind_metrics.py": "system",
     "test_layers.py": "pure",

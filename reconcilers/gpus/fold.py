@@ -64,24 +64,32 @@ _PREFIX_RE = re.compile(_PREFIX)
 _USER_PREFIX_RE = re.compile(_TIME + r"(?:(?:[\w.-]+ )?[\w.()/-]+(?:\[\d+\])?: )?(?:\[[^\]\n]*\] ?)?")
 # The block path's regular expressions, each led by a literal (sre scans for it in C).
 # `pid=…, name=…,` where the driver prints them, right after the Xid number (NVIDIA's format:
-# `NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:%02u[ GPU-CI:%02u]]): %d, pid=%s, name=%s, %s`), left out
-# as _PIDNAME_RE leaves them out of the message; nowhere else (another spacing: kept, a line then
-# has its own form). Each lookbehind is one header's fixed width.
-_PCI_HDR = r"NVRM: Xid \(PCI:[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
-_PID_BLOCK_RE = re.compile(
-    r"pid=(?:" + "|".join(f"(?<={_PCI_HDR}{mig}\\): {digits}, pid=)"
-                          for mig in ("", r" GPU-I:\d\d", r" GPU-I:\d\d GPU-CI:\d\d")
-                          for digits in (r"\d", r"\d\d", r"\d\d\d"))
-    + r")(?:'[^'\n]*'|[^,\n]*),[^\S\n]*(?:name=[^,\n]*,[^\S\n]*)?")
-# The message of each line that begins with `NVRM:` after the record's prefix (the block gets a
-# newline before its first line). The common prefixes first — dmesg's and /dev/kmsg's `[time] `,
-# journalctl's `[time] host kernel: ` — taken only when they account for every `NVRM:` of the
-# block (then no line is another's and none is a quote); else the whole of _PREFIX. A line that
-# begins with white space continues the record above it (dmesg, journalctl and _kmsg_line indent
-# a record's later lines): never a message of its own, so never matched here.
-_BLOCK_RES = (re.compile(r"\n\[[^\]\n]*+\] NVRM:(.*)"), re.compile(r"\n\[[^\]\n]*+\] [\w.-]++ kernel: NVRM:(.*)"))
-_BLOCK_RE = re.compile(r"\n" + _PREFIX + r"NVRM:(.*)")
-_LINE_RE = re.compile(_PREFIX + "NVRM:")
+# `NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:%02u[ GPU-CI:%02u]]): %d, pid=%s, name=%s, %s`), made
+# empty (_NO_PID, which _PIDNAME_RE then leaves out of the message once, as it leaves out the
+# real ones on the line path: what follows them may itself begin with `pid=`); a line with
+# another spacing, or with no name=, keeps them (it then has a form of its own, judged whole). Only the `): NN, ` before them is
+# looked at, not the whole header: what follows `name=` is the process's name, at most 15 bytes
+# (TASK_COMM_LEN), too short to hold another `): N, pid=…,name=…,` of its own, and the driver's
+# message after it holds no `pid=`.
+_NO_PID = "pid=, name=, "
+_PID_BLOCK_RE = re.compile(r"pid=(?:(?<=\): \d\d, pid=)|(?<=\): \d\d\d, pid=)|(?<=\): \d, pid=))"
+                           r"(?:'[^'\n]*'|[^,\n]*),[^\S\n]*name=[^,\n]*,[^\S\n]*")
+# One item for every line of a block (the block gets a newline before its first line), by one
+# pass of one regular expression: the message after `NVRM:` where the line begins with a prefix
+# the record's source puts there and holds no `NVRM:` before it, so that `NVRM:` begins the
+# record's message (as starts_message says); "" for every other line. A line that begins with
+# white space (a record's later line) never begins with a prefix. The common shapes first, each
+# on its own: dmesg's and /dev/kmsg's `[time] `, journalctl's `[time] host kernel: ` (a bracket
+# with a capital V in it is left to the next); a line with `NVRM:` anywhere else is kept whole
+# and the block is read again with the next shape, the last all of _PREFIX, with no `NVRM:`
+# inside its brackets and fields: a line it does not begin holds `NVRM:` only in a quote.
+_NO_V = r"[^\]\nV]*+"
+_NOT_NVRM = r"(?:[^{}\nN]|N(?!VRM:))"
+_ANY_PREFIX = _PREFIX.replace(r"[^\]\n]", _NOT_NVRM.format(r"\]")).replace(r"[^;\n]", _NOT_NVRM.format(";"))
+_ITEM_RES = (re.compile(r"\n(?:\[" + _NO_V + r"\] NVRM:|(?=[^\n]*NVRM:)|[^\n]*)(.*)"),
+             re.compile(r"\n(?:\[" + _NO_V + r"\] [\w.-]++ kernel: NVRM:|(?=[^\n]*NVRM:)|[^\n]*)(.*)"),
+             re.compile(r"\n(?:" + _ANY_PREFIX + r"NVRM:|[^\n]*)(.*)"))
+_INIT_TAILS = (" loading NVIDIA UNIX", " The NVIDIA GPU ")  # _LOAD and _PROBE_GPU after `NVRM:`
 # Part of what _HEX_RE folds, never more: its `0x…` words (led by the literal, the word boundary
 # checked behind it), not Xid 154's recovery actions (`from 0x0 (None) to 0x1`), which decide the
 # step. Bare hexadecimal words are left as they are: a form is then finer than a fault, never
@@ -140,6 +148,7 @@ class LogFold:
         self.lost_at = -1  # the line count when they were lost
         self._cache: dict[str, tuple] = {}
         self._in_driver = False  # the record the last unindented line began was the driver's
+        self._shape = 0  # which of _ITEM_RES the last block read by the block path had
         if state:
             self.lines = int(state["lines"])
             self.init_all = int(state["init_all"])
@@ -178,6 +187,8 @@ class LogFold:
             if not lines:
                 return
             text = "\n".join(lines)
+        if not self.probe_left and "NVRM:" in text and self._feed_counted(text):
+            return  # a storm's block: no (re)initialisation among its lines
         at = 0
         for start, stop in _init_spans(text):
             if start > at:
@@ -199,66 +210,69 @@ class LogFold:
             if at > len(text):
                 return
             text = text[at:]
-        count = text.count("\n") + 1
         if "NVRM:" not in text:
-            self.lines += count
-        elif not self._feed_counted(text, count):
+            self.lines += text.count("\n") + 1
+        elif not self._feed_counted(text):
             self._feed_each(text.split("\n"))
 
-    def _feed_counted(self, text: str, count: int) -> bool:
-        """COUNT lines with no (re)initialisation among them: where a fault falls between them does
-        not change whether it is current, so the lines are counted by what makes them one fault,
-        at C speed over the whole block, never by Python per line (a storm of 800,000 lines, each
-        from a process of its own, is 29 faults).
+    def _feed_counted(self, text: str) -> bool:
+        """The lines of TEXT counted by what makes them one fault, at C speed over the whole block,
+        never by Python per line (a storm of 800,000 lines, each from a process of its own, is 29
+        faults): where a fault falls among them does not change whether it is current, as long
+        as no GPU starts afresh among them. False, with nothing folded, where one may (a boot, a
+        driver load, a reset, the probe message: the caller reads the block around those lines)
+        or where a form must be read a line at a time (an Xid 154 whose values vary where the fold
+        key does not fold).
 
-        Two passes of regular expressions over the block: `pid=`/`name=` after the Xid number
-        left out (_PID_BLOCK_RE, as the fold key leaves them out: a storm's lines differ in them
-        one by one), then each driver line's message; one Counter counts the messages. What still
-        varies, the hexadecimal values the fold key folds, is folded per distinct message
+        Two passes of regular expressions over the block, each led by a literal: `pid=`/`name=`
+        after the Xid number made empty (_PID_BLOCK_RE, as the fold key leaves them out: a storm's
+        lines differ in them one by one), then one item a line (_FAST_ITEM_RE, else _ANY_ITEM_RE:
+        the driver's message, or ""), which also counts the lines. One Counter counts the items.
+        What still varies, the hexadecimal values the fold key folds, is folded per distinct item
         (_HEX_BLOCK_RE: a part of what _HEX_RE folds, so two lines of one form are always one
-        fault). Each form is judged once, from its first line's message (the message the
-        line-at-a-time fold keeps); only a form's first and last line are looked up, for their
-        times. `varies`: a form met with more than one message. False: the block must be read a
-        line at a time (an Xid 154 whose values vary where the fold key does not fold)."""
-        plain = "\n" + _PID_BLOCK_RE.sub("", text)
-        tails: list[str] | None = None
-        for rx in _BLOCK_RES:
-            tails = rx.findall(plain)
-            if tails:
+        fault). Each form is judged once, from its first line's message (the message the line
+        path keeps); only a form's first and last line are looked up, for their times. `varies`:
+        a form met with more than one message."""
+        if "Linux version " in text or _RESET in text:
+            return False  # a boot, or a GPU reset
+        plain = "\n" + _PID_BLOCK_RE.sub(_NO_PID, text)
+        for shape in (self._shape, *(s for s in range(len(_ITEM_RES)) if s != self._shape)):
+            items = _ITEM_RES[shape].findall(plain)
+            counts = Counter(items)
+            if shape == len(_ITEM_RES) - 1 or not any("NVRM:" in item for item in counts):
+                self._shape = shape  # the log's shape: tried first on its next block
                 break
-        if not tails or len(tails) != plain.count("NVRM:"):
-            tails = _BLOCK_RE.findall(plain)
-        self.lines += count
-        if not tails:
-            return True
-        n = self.lines  # every fault here is after the last (re)initialisation and before the next
-        form_of: dict[str, str] = {}
+        del plain
+        tails = [tail for tail in counts if tail]  # the driver's messages, in the order each first appears
+        if any(tail.startswith(_INIT_TAILS) for tail in tails):
+            return False  # a driver load, or the probe message
+        form_of = dict(zip(tails, _HEX_BLOCK_RE.sub("0x_", "\n".join(tails)).split("\n")))
         groups: dict[str, list] = {}  # form -> [lines, its first message, messages]
-        for tail, times in Counter(tails).items():  # in the order each first appears
-            form = form_of[tail] = _HEX_BLOCK_RE.sub("0x_", tail)
+        for tail, form in form_of.items():
             g = groups.get(form)
             if g is None:
-                groups[form] = [times, tail, 1]
+                groups[form] = [counts[tail], tail, 1]
             else:
-                g[0] += times
+                g[0] += counts[tail]
                 g[2] += 1
         judged = []
         no_cache = _NoCache()
         for form, (times, tail, messages) in groups.items():
             hit = self._classify(tail, no_cache)
-            if hit is _NOTHING or hit is _LOAD_MARK or hit[0] == "reset":
-                continue  # (a load or reset would have been read a line at a time)
-            if messages > 1 and hit[1][1] == 154:
-                self.lines -= count
+            if hit is _NOTHING:
+                continue
+            if hit is _LOAD_MARK or hit[0] == "reset" or messages > 1 and hit[1][1] == 154:
                 return False
             judged.append((form, times, tail, hit[1], hit[2], messages > 1))
+        self.lines += len(items)
+        n = self.lines  # every fault here is after the last (re)initialisation and before the next
         events = self.events
-        firsts: dict[int, tuple] = {}  # line (among the driver's) -> the event it starts
+        firsts: dict[int, tuple] = {}  # line of the block -> the event it starts
         for _form, times, tail, key, detail, differ in judged:
             ev = events.get(key)
             if ev is None:
                 ev = events[key] = [key[0], key[1], detail, key[2], "", "", 0, n, False]
-                firsts[tails.index(tail)] = key
+                firsts[items.index(tail)] = key
             ev[COUNT] += times
             if differ or detail != ev[DETAIL]:
                 ev[VARIES] = True
@@ -267,11 +281,11 @@ class LogFold:
         key_of = {form: key for form, _, _, key, _, _ in judged}
         unmet = set(key_of.values())
         lasts: dict[int, tuple] = {}
-        for i in range(len(tails) - 1, -1, -1):
-            key = key_of.get(form_of[tails[i]])
+        for i in range(len(items) - 1, -1, -1):
+            key = key_of.get(form_of.get(items[i], ""))
             if key in unmet:
                 unmet.discard(key)
-                lasts[len(tails) - 1 - i] = key
+                lasts[len(items) - 1 - i] = key
                 if not unmet:
                     break
         for at, key in _heads(text, firsts, backwards=False):
@@ -401,25 +415,23 @@ class LogFold:
 
 
 def _heads(text: str, wanted: dict[int, tuple], backwards: bool) -> Iterator[tuple[str, tuple]]:
-    """(what comes before `NVRM:`, WANTED's value) for the driver's lines of TEXT whose numbers
-    (0 the first of them, or the last one BACKWARDS) WANTED names: a walk from that end of the block
-    that stops at the farthest one wanted (in a storm, a few lines from either end)."""
+    """(what comes before `NVRM:`, WANTED's value) for the lines of TEXT whose numbers (0 the first
+    line, or the last one BACKWARDS) WANTED names: a walk from that end of the block that stops at
+    the farthest one wanted (in a storm, a few lines from either end)."""
     left = len(wanted)
     k = -1
     pos = len(text) if backwards else 0
     while left and pos >= 0:
         start = text.rfind("\n", 0, pos) + 1 if backwards else pos
-        m = _LINE_RE.match(text, start)
-        if m is not None:
-            k += 1
-            key = wanted.get(k)
-            if key is not None:
-                left -= 1
-                yield text[start:m.end() - 5], key
+        stop = text.find("\n", start)
+        k += 1
+        key = wanted.get(k)
+        if key is not None:
+            left -= 1
+            yield text[start:text.index("NVRM:", start, len(text) if stop < 0 else stop)], key
         if backwards:
             pos = start - 1 if start > 0 else -1
         else:
-            stop = text.find("\n", start)
             pos = stop + 1 if stop >= 0 else -1
 
 

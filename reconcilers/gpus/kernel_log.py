@@ -54,7 +54,7 @@ JOURNAL_ARGV = ["journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pa
 JOURNAL = " ".join(JOURNAL_ARGV[:4])
 RECORD = "gpus-kernel-log.json"
 RECORD_FORMAT = 1
-CHUNK = 8 << 20  # bytes decoded and folded at a time: a storm's lines are counted a block at a time
+CHUNK = 1 << 20  # bytes decoded and folded at a time: a storm's lines are counted a block at a time
 KMSG_READ = 8192  # CONSOLE_EXT_LOG_MAX: the longest record /dev/kmsg gives
 BATCH = 4096  # ring-buffer records folded at a time
 FINGERPRINT = 4096  # bytes at each end of what a file's record covers, hashed
@@ -132,32 +132,40 @@ def _fingerprint(fh: Any, offset: int) -> str:
     return h.hexdigest()
 
 
-def _line_blocks(read: Callable[[int], bytes]) -> Iterator[bytes]:
-    """What READ gives, a block of whole lines at a time (no last newline); the very last line
-    may lack its newline. Memory: one chunk and one partial line, whatever the log's size."""
-    rest = b""
+def _line_blocks(readinto: Callable[[memoryview], int | None]) -> Iterator[memoryview]:
+    """What READINTO fills, a block of whole lines at a time (no last newline), as a view of one
+    buffer which the next block overwrites (used before asking for the next); the very last line
+    may lack its newline. Memory: one buffer of CHUNK bytes (more only for a longer line),
+    whatever the log's size; the bytes are copied once, by the read."""
+    buf = bytearray(CHUNK)
+    have = 0
     while True:
-        chunk = read(CHUNK)
-        if not chunk:
+        if have == len(buf):
+            buf.extend(bytes(len(buf)))  # a line longer than the buffer
+        with memoryview(buf) as free:
+            got = readinto(free[have:])
+        if not got:
             break
-        data = rest + chunk if rest else chunk
-        cut = data.rfind(b"\n")
+        have += got
+        cut = buf.rfind(b"\n", 0, have)
         if cut < 0:
-            rest = data
             continue
-        rest = data[cut + 1:]
-        yield data[:cut]
-    if rest:
-        yield rest
+        with memoryview(buf) as view, view[:cut] as block:
+            yield block
+        buf[:have - cut - 1] = buf[cut + 1:have]
+        have -= cut + 1
+    if have:
+        with memoryview(buf) as view, view[:have] as block:
+            yield block
 
 
-def _texts_of(read: Callable[[int], bytes]) -> Iterator[str]:
+def _texts_of(readinto: Callable[[memoryview], int | None]) -> Iterator[str]:
     """_line_blocks, decoded."""
-    for block in _line_blocks(read):
+    for block in _line_blocks(readinto):
         try:
-            yield block.decode("ascii")  # a kernel log is ASCII almost always: the fast decoder
+            yield str(block, "ascii")  # a kernel log is ASCII almost always: the fast decoder
         except UnicodeDecodeError:
-            yield block.decode("utf-8", "replace")
+            yield str(block, "utf-8", "replace")
 
 
 def _read_file(path: str, boot: str) -> tuple[LogFold, KernelLog]:
@@ -176,7 +184,7 @@ def _read_file(path: str, boot: str) -> tuple[LogFold, KernelLog]:
         fold = LogFold(rec["fold"]) if same and rec else LogFold()
         fh.seek(offset if same else 0)
         before = fold.lines
-        for text in _texts_of(fh.read):
+        for text in _texts_of(fh.readinto):
             fold.feed(text=text)
         end = fh.tell()
         log = KernelLog(path, lines_read=fold.lines - before, resumed=same)
@@ -194,21 +202,22 @@ def _kmsg_records(fd: int) -> Iterator[tuple[int, int, bytes]]:
     dmesg reads it with BUFSIZ (8 KiB), not a file's chunk (a read's buffer is allocated whole)."""
     size = KMSG_READ if stat.S_ISCHR(os.fstat(fd).st_mode) else CHUNK
 
-    def read(_: int) -> bytes:
+    def readinto(view: memoryview) -> int:
         nonlocal size
         while True:
-            try:
-                return os.read(fd, size)  # /dev/kmsg: one record a read; a regular file: many
+            try:  # /dev/kmsg: one record a read; a regular file: many
+                with view[:size] as into:
+                    return os.readv(fd, [into])
             except BlockingIOError:
-                return b""  # the ring buffer has no more
+                return 0  # the ring buffer has no more
             except OSError as exc:
                 if exc.errno == errno.EINVAL and size < CHUNK:
                     size = CHUNK  # a record longer than the kernel's own limit: read it whole
                 elif exc.errno != errno.EPIPE:
                     raise
 
-    for block in _line_blocks(read):
-        for raw in block.split(b"\n"):
+    for block in _line_blocks(readinto):
+        for raw in bytes(block).split(b"\n"):
             if not raw or raw[:1] == b" ":
                 continue  # a record's dictionary (" SUBSYSTEM=pci"): not the message
             header, _, text = raw.partition(b";")
@@ -345,25 +354,25 @@ def _read_journal(boot: str) -> tuple[LogFold, KernelLog | None, str]:
         entry, cursor_out, first_lines, complete = "", "", True, True
         try:
             assert proc.stdout is not None
-            for text in _texts_of(proc.stdout.read):
-                lines = text.split("\n")
+            for text in _texts_of(proc.stdout.readinto):
                 if first_lines:
                     first_lines = False
+                    head = text.split("\n", 50)[:50]
                     if cursor and rec:
-                        if lines and lines[0] == rec["position"].get("entry"):
-                            lines = lines[1:]  # the cursor's own entry, folded by the last read
-                            while lines and lines[0].startswith(" "):
-                                lines = lines[1:]
+                        if head[0] == rec["position"].get("entry"):
+                            text = _after_entry(text)  # the cursor's own entry, folded by the last read
+                            if not text:
+                                continue
                         else:
                             fold.gap(f"the journal no longer holds the entries between {_stamp(rec)} and "
-                                     f"{_stamp_of(lines[0]) if lines else 'now'} (rotated or vacuumed before they "
-                                     "were read)")
+                                     f"{_stamp_of(head[0])} (rotated or vacuumed before they were read)")
                     else:
-                        complete, _ = starts_at_boot(lines)
-                entry = next((x for x in reversed(lines) if x.startswith("[")), entry)
-                if lines and lines[-1].startswith("-- cursor: "):
-                    cursor_out = lines[-1][len("-- cursor: "):].strip()
-                fold.feed(lines)
+                        complete, _ = starts_at_boot(head)
+                entry = _last_entry(text) or entry
+                last = text[text.rfind("\n") + 1:]
+                if last.startswith("-- cursor: "):
+                    cursor_out = last[len("-- cursor: "):].strip()
+                fold.feed(text=text)
             code = proc.wait()
         finally:
             timer.cancel()
@@ -388,6 +397,25 @@ def _read_journal(boot: str) -> tuple[LogFold, KernelLog | None, str]:
     if cursor_out:
         _save_record(source, boot, fold, log, {"cursor": cursor_out, "entry": entry})
     return fold, log, ""
+
+
+def _after_entry(text: str) -> str:
+    """TEXT without its first line and the lines that continue it (indented)."""
+    at = text.find("\n")
+    while at >= 0 and text.startswith(" ", at + 1):
+        at = text.find("\n", at + 1)
+    return "" if at < 0 else text[at + 1:]
+
+
+def _last_entry(text: str) -> str:
+    """The last line of TEXT that begins an entry (journalctl's short-monotonic: `[time] …`)."""
+    end = len(text)
+    while end >= 0:
+        start = text.rfind("\n", 0, end) + 1
+        if text.startswith("[", start, end):
+            return text[start:end]
+        end = start - 1
+    return ""
 
 
 def _stamp_of(line: str) -> str:
