@@ -67,10 +67,10 @@ _USER_PREFIX_RE = re.compile(_TIME + r"(?:(?:[\w.-]+ )?[\w.()/-]+(?:\[\d+\])?: )
 # `NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:%02u[ GPU-CI:%02u]]): %d, pid=%s, name=%s, %s`), made
 # empty (_NO_PID, which _PIDNAME_RE then leaves out of the message once, as it leaves out the
 # real ones on the line path: what follows them may itself begin with `pid=`); a line with
-# another spacing, or with no name=, keeps them (it then has a form of its own, judged whole). Only the `): NN, ` before them is
-# looked at, not the whole header: what follows `name=` is the process's name, at most 15 bytes
-# (TASK_COMM_LEN), too short to hold another `): N, pid=…,name=…,` of its own, and the driver's
-# message after it holds no `pid=`.
+# another spacing, or with no name=, keeps them (it then has a form of its own, judged whole).
+# Only the `): NN, ` before them is looked at, not the whole header: what follows `name=` is the
+# process's name, at most 15 bytes (TASK_COMM_LEN), too short to hold another `): N, pid=…,name=…,`
+# of its own, and the driver's message after it holds no `pid=`.
 _NO_PID = "pid=, name=, "
 _PID_BLOCK_RE = re.compile(r"pid=(?:(?<=\): \d\d, pid=)|(?<=\): \d\d\d, pid=)|(?<=\): \d, pid=))"
                            r"(?:'[^'\n]*'|[^,\n]*),[^\S\n]*name=[^,\n]*,[^\S\n]*")
@@ -226,8 +226,8 @@ class LogFold:
 
         Two passes of regular expressions over the block, each led by a literal: `pid=`/`name=`
         after the Xid number made empty (_PID_BLOCK_RE, as the fold key leaves them out: a storm's
-        lines differ in them one by one), then one item a line (_FAST_ITEM_RE, else _ANY_ITEM_RE:
-        the driver's message, or ""), which also counts the lines. One Counter counts the items.
+        lines differ in them one by one), then one item a line (_ITEM_RES, the log's own shape first: the
+        driver's message, or ""), which also counts the lines. One Counter counts the items.
         What still varies, the hexadecimal values the fold key folds, is folded per distinct item
         (_HEX_BLOCK_RE: a part of what _HEX_RE folds, so two lines of one form are always one
         fault). Each form is judged once, from its first line's message (the message the line
@@ -246,7 +246,8 @@ class LogFold:
         tails = [tail for tail in counts if tail]  # the driver's messages, in the order each first appears
         if any(tail.startswith(_INIT_TAILS) for tail in tails):
             return False  # a driver load, or the probe message
-        form_of = dict(zip(tails, _HEX_BLOCK_RE.sub("0x_", "\n".join(tails)).split("\n")))
+        forms = _HEX_BLOCK_RE.sub("0x_", "\n".join(tails)).split("\n") if tails else []
+        form_of = dict(zip(tails, forms, strict=True))
         groups: dict[str, list] = {}  # form -> [lines, its first message, messages]
         for tail, form in form_of.items():
             g = groups.get(form)
@@ -419,20 +420,29 @@ def _heads(text: str, wanted: dict[int, tuple], backwards: bool) -> Iterator[tup
     line, or the last one BACKWARDS) WANTED names: a walk from that end of the block that stops at
     the farthest one wanted (in a storm, a few lines from either end)."""
     left = len(wanted)
-    k = -1
-    pos = len(text) if backwards else 0
-    while left and pos >= 0:
-        start = text.rfind("\n", 0, pos) + 1 if backwards else pos
-        stop = text.find("\n", start)
-        k += 1
+    for k, (start, stop) in enumerate(_line_spans(text, backwards)):
+        if not left:
+            return
         key = wanted.get(k)
         if key is not None:
             left -= 1
-            yield text[start:text.index("NVRM:", start, len(text) if stop < 0 else stop)], key
-        if backwards:
-            pos = start - 1 if start > 0 else -1
-        else:
-            pos = stop + 1 if stop >= 0 else -1
+            yield text[start:text.index("NVRM:", start, stop)], key
+
+
+def _line_spans(text: str, backwards: bool) -> Iterator[tuple[int, int]]:
+    """(start, end) of each line of TEXT, from its first line on, or from its last line back."""
+    if backwards:
+        end = len(text)
+        while end >= 0:
+            start = text.rfind("\n", 0, end) + 1
+            yield start, end
+            end = start - 1
+    else:
+        start = 0
+        while start >= 0:
+            end = text.find("\n", start)
+            yield start, len(text) if end < 0 else end
+            start = end + 1 if end >= 0 else -1
 
 
 def _init_spans(text: str) -> list[tuple[int, int]]:
