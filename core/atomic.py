@@ -18,7 +18,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import secrets
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -46,7 +45,7 @@ def make_unique(name: str, make: Callable[[str], T]) -> tuple[str, T]:
     and MAKE creates it exclusively), tried again on the rare clash. The one naming rule of every
     temporary file or link reconcile makes, here and in a user's tree (common/usertree.py)."""
     for _ in range(16):
-        tmp = f".{name}.reconcile-{secrets.token_hex(8)}.tmp"
+        tmp = f".{name}.reconcile-{os.urandom(8).hex()}.tmp"  # secrets.token_hex's bytes, without its imports
         try:
             return tmp, make(tmp)
         except FileExistsError:
