@@ -224,7 +224,7 @@ def _rss_of_a_read(path: Path, state: Path) -> int:
 
 
 def test_memory_does_not_grow_with_the_log(env):
-    # Both logs longer than the block the fold counts at a time (kernel_log.CHUNK, 8 MiB).
+    # Both logs far longer than the block the fold counts at a time (kernel_log.CHUNK, 1 MiB).
     small, big = env / "small.log", env / "big.log"
     small.write_text(BOOT + storm(150_000))
     big.write_text(BOOT + storm(450_000))
@@ -234,7 +234,7 @@ def test_memory_does_not_grow_with_the_log(env):
     assert grown > 20 * 2**20
     assert ev_small == ev_big  # the report is bounded by distinct faults, not lines
     # Against 20+ MiB more log: a fold that kept lines would grow by at least that much; the
-    # allocator's own slack over a few 8 MiB blocks is a few MiB either way.
+    # allocator's own slack over a few blocks is a few MiB either way.
     assert rss_big - rss_small < grown / 4, (rss_small, rss_big, grown)
     assert json.loads((env / "s2" / "gpus-kernel-log.json").read_text())["fold"]["lines"] == 450_001
 
