@@ -306,6 +306,44 @@ def test_a_wrapped_ring_buffer_goes_to_the_journal(env, monkeypatch):
     assert not log.readable and "No such file" in log.note and "journalctl is not installed" in log.note
 
 
+def test_the_journal_goes_on_from_its_cursor_without_its_entry_again(env, monkeypatch):
+    """journalctl --cursor=C prints C's own entry first (already folded: left out, with the lines
+    that continue it); an output that does not begin with it lost entries, and says so."""
+    ring = env / "kmsg"
+    ring.write_text(kmsg([(500, "usb 1-1: new device")]))  # wrapped: the journal is read
+    monkeypatch.setenv("RECONCILE_KMSG", str(ring))
+    bindir = env / "bin"
+    bindir.mkdir()
+    out = {"": "[    0.000000] h kernel: Linux version 6.1.0\n"
+               "[  100.000000] h kernel: NVRM: Xid (PCI:0000:5d:00): 13, pid=1, name=x, Graphics Exception\n"
+               "                 h kernel: its second line\n-- cursor: c1\n",
+           "c1": "[  100.000000] h kernel: NVRM: Xid (PCI:0000:5d:00): 13, pid=1, name=x, Graphics Exception\n"
+                 "                 h kernel: its second line\n"
+                 "[  200.000000] h kernel: NVRM: Xid (PCI:0000:5d:00): 13, pid=2, name=y, Graphics Exception\n"
+                 "[  201.000000] h kernel: usb 1-1: gone\n-- cursor: c2\n",
+           "c2": "[  300.000000] h kernel: NVRM: Xid (PCI:0000:5d:00): 79, pid=3, name=z, GPU has fallen off "
+                 "the bus.\n-- cursor: c3\n"}
+    for cursor, text in out.items():
+        (bindir / f"out{cursor}").write_text(text)
+    (bindir / "journalctl").write_text(
+        "#!/bin/sh\nc=\nfor a; do case $a in --cursor=*) c=${a#--cursor=};; esac; done\n"
+        f"cat '{bindir}/out'$c\n")
+    (bindir / "journalctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    fold, log = read_kernel_log()
+    assert log.source == JOURNAL and log.complete and not log.resumed and log.lines_read == 4
+    assert [(e.xid, e.count) for e in fold.kernel_events()] == [(13, 1)]
+    rec = json.loads(Path(record_path()).read_text())
+    assert rec["position"] == {"cursor": "c1", "entry": out["c1"].split("\n")[0]}
+    fold, log = read_kernel_log()  # from c1: its entry and that entry's second line left out
+    assert log.resumed and log.lines_read == 3 and not log.lost
+    assert [(e.xid, e.count) for e in fold.kernel_events()] == [(13, 2)]
+    assert json.loads(Path(record_path()).read_text())["position"]["entry"].startswith("[  201.000000]")
+    fold, log = read_kernel_log()  # from c2: the output does not begin with c2's entry
+    assert [(e.xid, e.count) for e in fold.kernel_events()] == [(13, 2), (79, 1)]
+    assert log.lost.startswith("the journal no longer holds the entries between [  201") and "[  300" in log.lost
+
+
 def test_records_lost_to_a_wrap_are_said_until_the_driver_reloads(env, monkeypatch):
     ring = env / "kmsg"
     monkeypatch.setenv("RECONCILE_KMSG", str(ring))
