@@ -58,6 +58,16 @@ def audit_lines(c: Cluster) -> list[str]:
     return c.audit_log.read_text(errors="replace").splitlines() if c.audit_log.exists() else []
 
 
+def audit_since(c: Cluster, before: int) -> list[str]:
+    """The audit log's lines after the first BEFORE, once it holds every command sent so far: the
+    monitor writes its cluster log after a Paxos commit, a while after the command. A command of
+    the admin's own, sent now, is written after them; its line is waited for."""
+    marker = f"reconcile-test-{uuid.uuid4().hex}"
+    c.ceph("log", marker)
+    wait_for(f"the audit log's line for `ceph log {marker}`", lambda: any(marker in ln for ln in audit_lines(c)))
+    return audit_lines(c)[before:]
+
+
 def put(c: Cluster, pool: str, tmp: Path, count: int, size: int = 4 << 20, may_block: bool = False) -> int:
     """Write COUNT objects; with MAY_BLOCK, stop at the first write that blocks (a pool flagged full
     blocks its writers: what Ceph does) and go on. Then wait until `ceph df` counts every object
@@ -120,7 +130,7 @@ def test_observes_what_ceph_says_and_writes_nothing(tmp_path, ceph_cluster, clie
     # Wrote nothing: the OSD map's epoch is where it was, and the mon's audit log holds only reads
     # by client.reconcile since.
     assert c.json("osd", "dump")["epoch"] == before_dump["epoch"]
-    mine = [ln for ln in audit_lines(c)[audit_before:] if "entity='client.reconcile'" in ln]
+    mine = [ln for ln in audit_since(c, audit_before) if "entity='client.reconcile'" in ln]
     assert mine, "the audit log shows no command of client.reconcile"
     for ln in mine:
         cmd = json.loads(ln[ln.index("cmd=") + 4:ln.rindex("]") + 1])[0]
