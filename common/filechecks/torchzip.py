@@ -391,37 +391,52 @@ def read_layout(src: Source, on_disk: bool = True) -> Layout:
     return _new(Layout, (d, prefix, starts, local_names, records, has_data and not has_crc))
 
 
-def check_torch_zip(src: Source, content: bool, on_disk: bool = True) -> tuple[ZipResult, PickleInfo | None]:
+def check_torch_zip(src: Source, content: bool, on_disk: bool = True,
+                    walk: bool = True) -> tuple[ZipResult, PickleInfo | None]:
     """Raises ZipDamage (or PickleDamage) with the reason; Missing for what the Source lacks.
     The structure always (read_layout); with `content`, the pickle walked as torch.load walks
     it, every storage it names present with its exact size, and every entry's CRC-32.
     `on_disk`: the bytes are a file's, which a disk or a crash may have damaged (not a .gz's
     content, which the gzip CRC has proven): then the data descriptors after data.pkl and the
-    storages are checked too, and an archive without CRCs gets the zero-page look."""
+    storages are checked too, and an archive without CRCs gets the zero-page look.
+    `walk=False` (verify: at-risk's whole reads, which look for what a crash tore): the pickle
+    is walked only where the archive has no CRCs. Where it has them, every entry's CRC over the
+    bytes torch reads proves data.pkl and every storage are what the writer wrote, and a size
+    the pickle would contradict was written so too; the walk adds nothing a crash can change."""
     layout = read_layout(src, on_disk)
     d, starts, record, no_crc = layout.directory, layout.starts, layout.record, layout.no_crc
     if not content:
         return _new(ZipResult, (d.trailing, no_crc, False)), None
-    pkl = record("data.pkl")
-    assert pkl is not None  # read_layout has checked
-    info = read_pickle(_data(src, pkl, starts, pkl.usize))
+    info = None
     storages = {}
-    for key, s in info.storages.items():
-        e = record(f"data/{key}")
-        if e is None:
-            raise ZipDamage(f"storage data/{key} named in data.pkl is not in the archive")
-        if e.usize != s.nbytes:
-            raise ZipDamage(f"storage data/{key} holds {e.usize} bytes; data.pkl says {s.numel} × {s.cls} = "
-                            f"{s.nbytes}")
-        storages[key] = e
+    if walk or no_crc:
+        pkl = record("data.pkl")
+        assert pkl is not None  # read_layout has checked
+        info = read_pickle(_data(src, pkl, starts, pkl.usize))
+        for key, s in info.storages.items():
+            e = record(f"data/{key}")
+            if e is None:
+                raise ZipDamage(f"storage data/{key} named in data.pkl is not in the archive")
+            if e.usize != s.nbytes:
+                raise ZipDamage(f"storage data/{key} holds {e.usize} bytes; data.pkl says {s.numel} × {s.cls} = "
+                                f"{s.nbytes}")
+            storages[key] = e
     if not no_crc:
         for e in d.entries:
             _readable(e, starts, src.size)
+            if not walk and src.read_at(e.header + 30, len(e.name)) != e.name:
+                # (torch.save writes one name in both headers. A name changed in the central
+                # directory, which no CRC covers, has torch look up another storage: the pickle
+                # walk would find the one it names missing; without the walk, the local header says)
+                raise ZipDamage(f"entry {_label(e.name)}: its local header names it "
+                                f"{_label(src.read_at(e.header + 30, len(e.name)))}: its bytes are not what was "
+                                "written")
             got = src.crc_of(starts[e.name], e.csize)
             if got != e.crc:
                 raise ZipDamage(f"entry {_label(e.name)}: CRC-32 {got:08x}, the archive says {e.crc:08x} (its "
                                 "bytes are not what was written)")
     elif on_disk:
+        assert info is not None  # (walked: no CRCs)
         _zero_pages(src, info, storages, starts)
     return ZipResult(d.trailing, no_crc, True), info
 

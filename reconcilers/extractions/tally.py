@@ -80,8 +80,11 @@ class Tally(NamedTuple):
 class Check:
     """What every task needs, inherited by the workers when they are forked."""
 
-    def __init__(self, root: str, listing: Listing, depth: str, reread: set[int]):
+    def __init__(self, root: str, listing: Listing, depth: str, reread: set[int], walk: bool = True):
         self.root, self.listing, self.depth, self.reread = root, listing, depth, reread
+        # walk=False (verify: at-risk): the files read whole for what a crash can have torn have
+        # their CRCs checked, the pickle walked only where there are none (torchzip.check_torch_zip)
+        self.walk = walk
         self.refused: dict[str, str] = {}  # folder -> why it was not entered (a link, a special file)
 
     @cached_property
@@ -97,7 +100,7 @@ class Check:
         newest modification time known so far (of the files checked before): a file within
         RECENT_WINDOW of neither it nor this run's newest cannot be recent, and is added up."""
         lo, hi = span
-        reread, depth, check, check_path = self.reread, self.depth, self._check, self.check_path
+        reread, depth, check, check_path, walk = self.reread, self.depth, self._check, self.check_path, self.walk
         old_before = None if since is None else since - RECENT_WINDOW
         dirs: dict[str, int | None] = {}
         pending: list[tuple[int, list[tuple[int, str, Verdict]], float | None]] = []
@@ -115,7 +118,7 @@ class Check:
                 for k, rel in enumerate(rels):
                     head, _, name = rel.rpartition("/")
                     fd = dirs.get(head, -1)  # (inline: _check, as every file of a first check takes it)
-                    v = check_path(name, d, dir_fd=fd) if fd is not None and fd >= 0 else check(rel, d, dirs)
+                    v = check_path(name, d, fd, walk) if fd is not None and fd >= 0 else check(rel, d, dirs)
                     if v.state == GONE:  # vanished between the listing and the check
                         continue
                     mine.append((k, rel, v))
@@ -194,7 +197,7 @@ class Check:
             return Verdict(UNREADABLE, f"unreadable: {self.refused[head]}", depth)
         if fd is None:  # gone since the listing: never a path walked again instead
             return Verdict(GONE, depth=depth)
-        return self.check_path(name, depth, dir_fd=fd)
+        return self.check_path(name, depth, fd, self.walk)
 
     def content(self, items: list[tuple[int, str]], tick: Callable[[int], None],
                 _since: float | None = None) -> list[tuple[int, Verdict]]:
