@@ -255,3 +255,11 @@ def test_at_risk_proves_recent_files_by_their_crcs_and_walks_the_pickle_without_
     plain.write_bytes(_without_crcs(whole.read_bytes()))
     v = check_path(str(plain), CONTENT, walk=False)
     assert v.whole and v.no_crc and walked == [1, 1]  # no CRC: the pickle walked
+    # A storage renamed in the central directory, which no CRC covers: torch would not find the
+    # storage data.pkl names. Storages not named data/0..n-1 as torch.save names them get the walk.
+    data = bytearray(whole.read_bytes())
+    at = data.find(b"/data/0", data.find(b"PK\x01\x02"))
+    data[at + 6:at + 7] = b"4"
+    plain.write_bytes(bytes(data))
+    v = check_path(str(plain), CONTENT, walk=False)
+    assert not v.whole and "named in data.pkl is not in the archive" in v.reason and walked == [1, 1, 1], v

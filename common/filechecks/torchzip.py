@@ -400,16 +400,20 @@ def check_torch_zip(src: Source, content: bool, on_disk: bool = True,
     content, which the gzip CRC has proven): then the data descriptors after data.pkl and the
     storages are checked too, and an archive without CRCs gets the zero-page look.
     `walk=False` (verify: at-risk's whole reads, which look for what a crash tore): the pickle
-    is walked only where the archive has no CRCs. Where it has them, every entry's CRC over the
-    bytes torch reads proves data.pkl and every storage are what the writer wrote, and a size
-    the pickle would contradict was written so too; the walk adds nothing a crash can change."""
+    is walked only where the archive has no CRCs, or its entries are not named as torch.save
+    names them. Where it has CRCs, every entry's CRC over the bytes torch reads proves data.pkl
+    and every storage are what the writer wrote (a changed size moves the bytes the CRC covers);
+    what no CRC covers is the central directory's names, by which torch finds the storages
+    data.pkl names: torch.save names them 0..n-1 (torch.serialization._save: `str(len(id_map))`),
+    so with only its own records beside storages named exactly so, they are the ones data.pkl
+    names; any other naming is walked."""
     layout = read_layout(src, on_disk)
     d, starts, record, no_crc = layout.directory, layout.starts, layout.record, layout.no_crc
     if not content:
         return _new(ZipResult, (d.trailing, no_crc, False)), None
     info = None
     storages = {}
-    if walk or no_crc:
+    if walk or no_crc or not numbered_storages(layout.records):
         pkl = record("data.pkl")
         assert pkl is not None  # read_layout has checked
         info = read_pickle(_data(src, pkl, starts, pkl.usize))
@@ -424,13 +428,6 @@ def check_torch_zip(src: Source, content: bool, on_disk: bool = True,
     if not no_crc:
         for e in d.entries:
             _readable(e, starts, src.size)
-            if not walk and src.read_at(e.header + 30, len(e.name)) != e.name:
-                # (torch.save writes one name in both headers. A name changed in the central
-                # directory, which no CRC covers, has torch look up another storage: the pickle
-                # walk would find the one it names missing; without the walk, the local header says)
-                raise ZipDamage(f"entry {_label(e.name)}: its local header names it "
-                                f"{_label(src.read_at(e.header + 30, len(e.name)))}: its bytes are not what was "
-                                "written")
             got = src.crc_of(starts[e.name], e.csize)
             if got != e.crc:
                 raise ZipDamage(f"entry {_label(e.name)}: CRC-32 {got:08x}, the archive says {e.crc:08x} (its "
@@ -439,6 +436,14 @@ def check_torch_zip(src: Source, content: bool, on_disk: bool = True,
         assert info is not None  # (walked: no CRCs)
         _zero_pages(src, info, storages, starts)
     return ZipResult(d.trailing, no_crc, True), info
+
+
+def numbered_storages(records) -> bool:
+    """Whether the records (lower-case names within the archive's folder) are torch.save's own
+    (READ_AT_OPEN) and storages data/0 .. data/n-1, as it names them (check_torch_zip): a storage
+    whose name changed is then neither one of n numbers in a row nor another record."""
+    keys = [k for k in records if k not in _AT_OPEN]
+    return set(keys) == {b"data/%d" % i for i in range(len(keys))}
 
 
 _NAME_EXTRA = struct.Struct("<HH")
