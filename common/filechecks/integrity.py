@@ -19,7 +19,9 @@
   never called verified (`gz_shallow`).
 
 Depths: STAT (verify: none: a stat, no read), STRUCTURE (the cheap check, reading a few small
-ranges), CONTENT (every byte read once). Any exception while checking one file makes that
+ranges), CONTENT (every byte read once; `walk=False`, verify: at-risk's read of the files a crash
+can have torn: a torch.save archive's CRCs prove it, and its pickle is walked only where they
+cannot, torchzip.check_torch_zip). Any exception while checking one file makes that
 file DAMAGED with the reason, never the extraction an error; a file that cannot be read
 (EIO, EACCES, not a regular file) is UNREADABLE, neither done nor damaged. `check_path`
 takes and returns plain data, so a pool of processes can run it.
@@ -211,11 +213,14 @@ def _crc32():
     return _CRC32
 
 
-def check_path(path: str, depth: str = STRUCTURE, dir_fd: int | None = None, walk: bool = True) -> Verdict:
+def check_path(path: str, depth: str = STRUCTURE, dir_fd: int | None = None, walk: bool = True,
+               crcs_from: int | None = None) -> Verdict:
     """Check one file. Never raises for what the file holds; see the module docstring.
     With `dir_fd`, `path` is relative to that open directory (no walk of the whole path per file).
     `walk=False` (verify: at-risk's whole reads): at the content depth, a torch.save archive's
-    pickle is walked only where it has no CRCs (torchzip.check_torch_zip)."""
+    pickle is walked only where it has no CRCs (torchzip.check_torch_zip). `crcs_from` (at the
+    structure depth): a small torch.save file modified at this time (ns) or later, which at-risk
+    may read whole next, has its CRCs checked in the same read, and says so (`crcs_proven`)."""
     if depth == STAT:
         try:
             return Verdict(UNCHECKED, depth=STAT, st=os.stat(path, dir_fd=dir_fd))
@@ -247,9 +252,13 @@ def check_path(path: str, depth: str = STRUCTURE, dir_fd: int | None = None, wal
                 # read_layout's and the pickle's to decide and explain.
                 whole = os.pread(fd, size, 0)
                 if len(whole) == size:
-                    result = check_whole_buffer(whole, None if depth == STRUCTURE else _crc32())
+                    crcs = depth == CONTENT or (crcs_from is not None and st.st_mtime_ns >= crcs_from)
+                    result = check_whole_buffer(whole, _crc32() if crcs else None)
+                    if result is None and crcs and depth == STRUCTURE:  # (a CRC differs: the structure's verdict)
+                        crcs, result = False, check_whole_buffer(whole)
                     if result is not None and (depth == STRUCTURE or not result[1]):
-                        return _new(Verdict, (WHOLE, "", depth, st, result[1], False, result[0]))
+                        return _new(Verdict, (WHOLE, "", depth, st, result[1], False, result[0],
+                                              crcs and not result[1] and depth == STRUCTURE))
                 elif whole:  # (a short read: on to the end, as read_whole reads)
                     whole += _pread(fd, len(whole), size - len(whole))
                 return _check(fd, st, "zip", depth, whole, walk)
@@ -284,7 +293,7 @@ def _check(fd: int, st: os.stat_result, kind: str, depth: str, whole: bytes | No
         if whole is None and (size <= WHOLE_READ or (content and size <= READ_CHUNK)):
             whole = read_whole(fd, size)
         result, _ = check_torch_zip(FileSource(fd, size, whole), content, walk=walk)
-        return _new(Verdict, (WHOLE, "", depth, st, result.no_crc, False, result.trailing))  # (hot path)
+        return _new(Verdict, (WHOLE, "", depth, st, result.no_crc, False, result.trailing, False))  # (hot path)
     if kind == "safetensors":
         unproven = check_safetensors(FileSource(fd, size), content)
         return Verdict(UNPROVEN, unproven, depth, st) if unproven else Verdict(WHOLE, depth=depth, st=st)
