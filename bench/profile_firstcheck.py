@@ -6,12 +6,18 @@ the functions it calls (wrapped here, the package unchanged):
 - start-up: `python -m reconcile_host diff` of a state with no resource (the interpreter, the
   imports, the CLI), a fresh process;
 - the walk: listing.list_tree (every directory listed, no listing cache);
-- the check, phase 1 (the structure of every file) and phase 2 (`verify: at-risk`: the files of
-  the last 5 minutes read whole), with the pool's round trips: tally.run, on every CPU and on one;
+- the check, phase 1 (the structure of every file; the files that may be recent with their CRCs
+  in the same read) and phase 2 (`verify: at-risk`: the files of the last 5 minutes whose CRCs
+  phase 1 did not prove, read whole), with the pool's round trips: tally.run, on every CPU and on
+  one; phase 2 alone: tally._recent_pass;
 - the records: records.write_json, and the rest of _observe_files (ranges, the observation);
-- per file, in this process on one core: integrity.check_path at each depth and the floor
-  (open + read + close through the same directory fd), so that tally.run's time splits into the
-  checks and what is around them (the loop's bookkeeping, the workers' forks and pipes).
+- per file, in this process on one core: integrity.check_path at each depth (the structure; the
+  structure with the CRCs, as phase 1 reads a file that may be recent; at-risk's whole read; the
+  content check of verify: content) and the floor (open + read + close through the same directory
+  fd), so that tally.run's time splits into the checks and what is around them (the loop's
+  bookkeeping, the workers' forks and pipes);
+- the whole `reconcile diff` (a fresh process, no record), on every CPU and on one: what is left
+  after the start-up and the observe is the report (and the engine around the observe).
 
 Then a cProfile of the observe on one worker (top functions by own time).
 
@@ -93,9 +99,10 @@ def main() -> int:
         from reconcile_host.reconcilers import extractions as ext
         from reconcile_host.reconcilers.extractions import records, tally
 
-        sinks: dict[str, list[tuple[float, float]]] = {"walk": [], "check": [], "records": []}
+        sinks: dict[str, list[tuple[float, float]]] = {"walk": [], "check": [], "phase2": [], "records": []}
         timed_calls(ext, "list_tree", sinks["walk"])
         timed_calls(ext.tally, "run", sinks["check"])
+        timed_calls(ext.tally, "_recent_pass", sinks["phase2"])
         timed_calls(ext, "write_json", sinks["records"])
         rec, host = ext.ExtractionsReconciler(), LocalHost()
         (res,) = rec.resources({"x": {"dir": str(root), "total": N}})
@@ -122,6 +129,24 @@ def main() -> int:
             out[f"observe_workers_{workers or 'all'}"] = {k: statistics.median([r[k] for r in rows]) for k in rows[0]}
             log(f"observe (workers {workers or 'all'}): " + json.dumps(out[f"observe_workers_{workers or 'all'}"]))
 
+        # The whole `reconcile diff`, a fresh process, no record: every CPU and one.
+        state = work / "state.json"
+        state.write_text(json.dumps({"version": 1, "extractions": {"x": {"dir": str(root), "total": N}}}))
+        for workers in () if a.no_observe else (None, "1"):
+            env = {k: v for k, v in os.environ.items() if k != "RECONCILE_CHECK_WORKERS"}
+            env.update({"RECONCILE_CHECK_WORKERS": workers} if workers else {})
+            walls, cpus = [], []
+            for _ in range(a.runs):
+                shutil.rmtree(work / "state", ignore_errors=True)
+                w0, c0 = clocks()
+                subprocess.run([sys.executable, "-m", "reconcile_host", "diff", str(state), "--format", "json"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, env=env)
+                w1, c1 = clocks()
+                walls.append(w1 - w0)
+                cpus.append(c1 - c0)
+            out[f"diff_workers_{workers or 'all'}"] = {"wall": statistics.median(walls), "cpu": statistics.median(cpus)}
+            log(f"diff (workers {workers or 'all'}): " + json.dumps(out[f"diff_workers_{workers or 'all'}"]))
+
         # Per file, one core: the checks at each depth and the floor, the same files, the same dir fds.
         from reconcile_host.common.filechecks.integrity import check_path
         from reconcile_host.common.filechecks.verdicts import CONTENT, STRUCTURE
@@ -137,16 +162,18 @@ def main() -> int:
                 os.read(fd, 65536)
                 os.close(fd)
 
-        def depth(files, dp):
+        def depth(files, dp, **kw):
             for d, f in files:
-                check_path(f, dp, dir_fd=fds[d])
+                check_path(f, dp, dir_fd=fds[d], **kw)
 
-        per: dict[str, list[float]] = {"floor": [], "structure": [], "content": []}
-        per_cpu: dict[str, list[float]] = {"floor": [], "structure": [], "content": []}
-        newest = names[-4000:]
+        cases = (("floor", floor, names), ("structure", lambda fs: depth(fs, STRUCTURE), names),
+                 ("structure + CRCs", lambda fs: depth(fs, STRUCTURE, crcs_from=0), names),
+                 ("at-risk whole read", lambda fs: depth(fs, CONTENT, walk=False), names[-4000:]),
+                 ("content", lambda fs: depth(fs, CONTENT), names[-4000:]))
+        per: dict[str, list[float]] = {label: [] for label, *_ in cases}
+        per_cpu: dict[str, list[float]] = {label: [] for label, *_ in cases}
         for _ in range(a.runs):
-            for label, fn, files in (("floor", floor, names), ("structure", lambda fs: depth(fs, STRUCTURE), names),
-                                     ("content", lambda fs: depth(fs, CONTENT), newest)):
+            for label, fn, files in cases:
                 t0, c0 = time.perf_counter(), time.thread_time()
                 fn(files)
                 per[label].append((time.perf_counter() - t0) / len(files) * 1e6)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import zlib
 
 import pytest
 import sample_damage
@@ -80,6 +81,11 @@ def test_fast_path_is_taken_for_torchs_own_files(samples, at_once):
         got = check_whole_buffer(data)
         assert got is not None, path
         assert slow(data) == (True, got), path
+        # at-risk's whole read: the CRCs too (an archive without them is the full check's)
+        assert check_whole_buffer(data, zlib.crc32) == got, path
+        bad = bytearray(data)
+        bad[len(data) // 2] ^= 1
+        assert got.no_crc or check_whole_buffer(bytes(bad), zlib.crc32) is None, path
 
 
 def test_fast_path_never_changes_a_verdict(samples, tmp_path, monkeypatch, at_once):
@@ -100,11 +106,13 @@ def test_fast_path_never_changes_a_verdict(samples, tmp_path, monkeypatch, at_on
             if damages % 8 and not (fast is not None and d["kind"] != "none"):
                 continue  # (through the files: an eighth of the damages, and each one the fast path answers)
             scratch.write_bytes(data)
-            with_fast = check_path(str(scratch), STRUCTURE)
-            with monkeypatch.context() as m:
-                m.setattr(integrity, "check_whole_buffer", lambda _buf: None)
-                without = check_path(str(scratch), STRUCTURE)
-            assert with_fast._replace(st=None) == without._replace(st=None), (path, d)
+            # the structure, and at-risk's whole read (its CRCs: the compiled check's crc32)
+            for depth, walk in ((STRUCTURE, True), (CONTENT, False)):
+                with_fast = check_path(str(scratch), depth, walk=walk)
+                with monkeypatch.context() as m:
+                    m.setattr(integrity, "check_whole_buffer", lambda _buf, _crc32=None: None)
+                    without = check_path(str(scratch), depth, walk=walk)
+                assert with_fast._replace(st=None) == without._replace(st=None), (path, d, depth)
     # (the damages the fast path answers are the harmless ones: a flip in tensor data, bytes appended
     # past miniz's window, ...; the rest it leaves to read_layout)
     assert damages > 5000 and 0 < answered < damages / 2, (answered, damages)
@@ -160,11 +168,11 @@ def _key(data: bytes) -> tuple[int, int]:
     return int.from_bytes(data[z64 + 32:z64 + 40], "little"), int.from_bytes(data[z64 + 40:z64 + 48], "little")
 
 
-@pytest.mark.parametrize("depth", [STRUCTURE, CONTENT])
-def test_a_small_file_is_read_once(samples, monkeypatch, depth):
+@pytest.mark.parametrize("depth, walk", [(STRUCTURE, True), (CONTENT, True), (CONTENT, False)])
+def test_a_small_file_is_read_once(samples, monkeypatch, depth, walk):
     path, data = samples[0]
     calls = _reads(monkeypatch)
-    v = check_path(path, depth)
+    v = check_path(path, depth, walk=walk)
     monkeypatch.undo()
     assert v.whole, v
     assert calls == [("pread", len(data))]

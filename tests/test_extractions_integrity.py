@@ -201,3 +201,65 @@ def test_eio_while_reading_is_unreadable_not_damaged(tmp_path):
             ("rows_0-10/data_4.ckpt", "unreadable: Input/output error (EIO)")]
         assert {"field": "unreadable", "want": 0, "have": 1} in r["drift"]
     assert "data_4.ckpt" in (tmp_path / "after.txt").read_text() and not (out / ".reconcile-quarantine").exists()
+
+
+def _pickle_at(data: bytes) -> int:
+    """Where data.pkl's bytes start in a ZIP made by zipfile (tests/fake_extract.py)."""
+    info = next(i for i in zipfile.ZipFile(io.BytesIO(data)).infolist() if i.filename.endswith("/data.pkl"))
+    n_name, n_extra = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little"), \
+        int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+    return info.header_offset + 30 + n_name + n_extra
+
+
+def _without_crcs(data: bytes) -> bytes:
+    """The archive as torch.save writes it with CRCs off (set_crc32_options(False)): every CRC 0,
+    in the local headers and the central directory."""
+    out = bytearray(data)
+    for info in zipfile.ZipFile(io.BytesIO(data)).infolist():
+        out[info.header_offset + 14:info.header_offset + 18] = bytes(4)
+    cd = data.find(b"PK\x01\x02")
+    while cd >= 0:
+        out[cd + 16:cd + 20] = bytes(4)
+        cd = data.find(b"PK\x01\x02", cd + 46)
+    return bytes(out)
+
+
+def test_at_risk_proves_recent_files_by_their_crcs_and_walks_the_pickle_without_them(tmp_path, state, monkeypatch):
+    """verify: at-risk reads the recent files whole for what a crash tore: where the archive has
+    CRCs, every entry's CRC shows a changed byte of data.pkl (the pickle is not walked); where it
+    has none, the pickle walk still runs and sees what it can."""
+    from reconcile_host.common.filechecks import torchzip
+    from reconcile_host.common.filechecks.integrity import CONTENT, check_path
+
+    out = tmp_path / "hs"
+    write_samples(out, range(4), size=2000)
+    crc, plain = out / "rows_0-10" / "data_2.ckpt", out / "rows_0-10" / "data_3.ckpt"
+    plain.write_bytes(_without_crcs(plain.read_bytes()))
+    for p in (crc, plain):  # an opcode no pickle has, where data.pkl starts
+        data = bytearray(p.read_bytes())
+        data[_pickle_at(bytes(data))] = 0xFF
+        p.write_bytes(bytes(data))
+    obs = observe({"dir": str(out), "total": 4, "job": {"command": ["true"]}})  # (a job not running)
+    assert (obs.checked, obs.content_checked, obs.no_crc) == (4, 4, 0)
+    reasons = {d.path: d.reason for d in obs.damaged}
+    assert sorted(reasons) == ["rows_0-10/data_2.ckpt", "rows_0-10/data_3.ckpt"], reasons
+    assert "data.pkl: CRC-32" in reasons["rows_0-10/data_2.ckpt"], reasons
+    assert "CRC" not in reasons["rows_0-10/data_3.ckpt"] and "opcode" in reasons["rows_0-10/data_3.ckpt"], reasons
+
+    walked = []
+    real = torchzip.read_pickle
+    monkeypatch.setattr(torchzip, "read_pickle", lambda raw: walked.append(1) or real(raw))
+    whole = out / "rows_0-10" / "data_1.ckpt"
+    assert check_path(str(whole), CONTENT, walk=False).whole and walked == []  # the CRCs prove it
+    assert check_path(str(whole), CONTENT).whole and walked == [1]  # verify: content walks it anyway
+    plain.write_bytes(_without_crcs(whole.read_bytes()))
+    v = check_path(str(plain), CONTENT, walk=False)
+    assert v.whole and v.no_crc and walked == [1, 1]  # no CRC: the pickle walked
+    # A storage renamed in the central directory, which no CRC covers: torch would not find the
+    # storage data.pkl names. Storages not named data/0..n-1 as torch.save names them get the walk.
+    data = bytearray(whole.read_bytes())
+    at = data.find(b"/data/0", data.find(b"PK\x01\x02"))
+    data[at + 6:at + 7] = b"4"
+    plain.write_bytes(bytes(data))
+    v = check_path(str(plain), CONTENT, walk=False)
+    assert not v.whole and "named in data.pkl is not in the archive" in v.reason and walked == [1, 1, 1], v

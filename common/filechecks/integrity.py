@@ -19,7 +19,9 @@
   never called verified (`gz_shallow`).
 
 Depths: STAT (verify: none: a stat, no read), STRUCTURE (the cheap check, reading a few small
-ranges), CONTENT (every byte read once). Any exception while checking one file makes that
+ranges), CONTENT (every byte read once; `walk=False`, verify: at-risk's read of the files a crash
+can have torn: a torch.save archive's CRCs prove it, and its pickle is walked only where they
+cannot, torchzip.check_torch_zip). Any exception while checking one file makes that
 file DAMAGED with the reason, never the extraction an error; a file that cannot be read
 (EIO, EACCES, not a regular file) is UNREADABLE, neither done nor damaged. `check_path`
 takes and returns plain data, so a pool of processes can run it.
@@ -211,9 +213,14 @@ def _crc32():
     return _CRC32
 
 
-def check_path(path: str, depth: str = STRUCTURE, dir_fd: int | None = None) -> Verdict:
+def check_path(path: str, depth: str = STRUCTURE, dir_fd: int | None = None, walk: bool = True,
+               crcs_from: int | None = None) -> Verdict:
     """Check one file. Never raises for what the file holds; see the module docstring.
-    With `dir_fd`, `path` is relative to that open directory (no walk of the whole path per file)."""
+    With `dir_fd`, `path` is relative to that open directory (no walk of the whole path per file).
+    `walk=False` (verify: at-risk's whole reads): at the content depth, a torch.save archive's
+    pickle is walked only where it has no CRCs (torchzip.check_torch_zip). `crcs_from` (at the
+    structure depth): a small torch.save file modified at this time (ns) or later, which at-risk
+    may read whole next, has its CRCs checked in the same read, and says so (`crcs_proven`)."""
     if depth == STAT:
         try:
             return Verdict(UNCHECKED, depth=STAT, st=os.stat(path, dir_fd=dir_fd))
@@ -237,19 +244,25 @@ def check_path(path: str, depth: str = STRUCTURE, dir_fd: int | None = None) -> 
             return Verdict(UNREADABLE, "unreadable: not a regular file", depth, st)
         try:
             size = st.st_size
-            if depth == STRUCTURE and 0 < size <= WHOLE_READ and not path.endswith(_NOT_ZIP):
+            if (depth == STRUCTURE or (depth == CONTENT and not walk)) and 0 < size <= WHOLE_READ \
+                    and not path.endswith(_NOT_ZIP):
                 # A small torch.save file (nearly every file of a first check): read in one call,
-                # torch.save's own layout checked in few operations (torchfast.py); anything
-                # else, damaged or unusual, is read_layout's to decide and explain.
+                # torch.save's own layout checked in few operations (torchfast.py), at-risk's
+                # whole read with its CRCs; anything else, damaged, unusual or without CRCs, is
+                # read_layout's and the pickle's to decide and explain.
                 whole = os.pread(fd, size, 0)
                 if len(whole) == size:
-                    result = check_whole_buffer(whole)
-                    if result is not None:
-                        return _new(Verdict, (WHOLE, "", depth, st, result[1], False, result[0]))
+                    crcs = depth == CONTENT or (crcs_from is not None and st.st_mtime_ns >= crcs_from)
+                    result = check_whole_buffer(whole, _crc32() if crcs else None)
+                    if result is None and crcs and depth == STRUCTURE:  # (a CRC differs: the structure's verdict)
+                        crcs, result = False, check_whole_buffer(whole)
+                    if result is not None and (depth == STRUCTURE or not result[1]):
+                        return _new(Verdict, (WHOLE, "", depth, st, result[1], False, result[0],
+                                              crcs and not result[1] and depth == STRUCTURE))
                 elif whole:  # (a short read: on to the end, as read_whole reads)
                     whole += _pread(fd, len(whole), size - len(whole))
-                return _check(fd, st, "zip", depth, whole)
-            return _check(fd, st, kind_of(path), depth)
+                return _check(fd, st, "zip", depth, whole, walk)
+            return _check(fd, st, kind_of(path), depth, walk=walk)
         except _DAMAGE as exc:
             return Verdict(DAMAGED, str(exc), depth, st)
         except OSError as exc:
@@ -269,8 +282,9 @@ def _oserror(exc: OSError) -> str:
     return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
 
 
-def _check(fd: int, st: os.stat_result, kind: str, depth: str, whole: bytes | None = None) -> Verdict:
-    """`whole`: the file's bytes, already read (check_path's fast path)."""
+def _check(fd: int, st: os.stat_result, kind: str, depth: str, whole: bytes | None = None,
+           walk: bool = True) -> Verdict:
+    """`whole`: the file's bytes, already read (check_path's fast path); `walk`: check_path's."""
     size = st.st_size
     if size == 0:
         return Verdict(DAMAGED, "empty file (0 bytes)", depth, st)
@@ -278,8 +292,8 @@ def _check(fd: int, st: os.stat_result, kind: str, depth: str, whole: bytes | No
     if kind == "zip":
         if whole is None and (size <= WHOLE_READ or (content and size <= READ_CHUNK)):
             whole = read_whole(fd, size)
-        result, _ = check_torch_zip(FileSource(fd, size, whole), content)
-        return _new(Verdict, (WHOLE, "", depth, st, result.no_crc, False, result.trailing))  # (hot path)
+        result, _ = check_torch_zip(FileSource(fd, size, whole), content, walk=walk)
+        return _new(Verdict, (WHOLE, "", depth, st, result.no_crc, False, result.trailing, False))  # (hot path)
     if kind == "safetensors":
         unproven = check_safetensors(FileSource(fd, size), content)
         return Verdict(UNPROVEN, unproven, depth, st) if unproven else Verdict(WHOLE, depth=depth, st=st)
@@ -287,32 +301,32 @@ def _check(fd: int, st: os.stat_result, kind: str, depth: str, whole: bytes | No
         if not content:
             check_header(fh)  # the first member's header parses; the rest is unread
             return Verdict(WHOLE, depth=depth, st=st, gz_shallow=True)
-        return _check_gz(fh, st, kind[:-3])
+        return _check_gz(fh, st, kind[:-3], walk)
 
 
-def _check_gz(fh, st: os.stat_result, inner: str) -> Verdict:
+def _check_gz(fh, st: os.stat_result, inner: str, walk: bool = True) -> Verdict:
     stream = ZipStream()
     total = decompress(fh, stream)
     stream.finish()
     if total == 0:
         return Verdict(DAMAGED, "gzip content is empty", CONTENT, st)
     try:
-        return _check_content(stream.view(), st, inner)
+        return _check_content(stream.view(), st, inner, walk)
     except Missing:
         pass  # an inner layout the stream did not keep: decompress again into a temporary file
     tmp, size = spool(fh)
     with tmp:
-        return _check_content(FileSource(tmp.fileno(), size), st, inner)
+        return _check_content(FileSource(tmp.fileno(), size), st, inner, walk)
 
 
-def _check_content(src, st: os.stat_result, inner: str) -> Verdict:
+def _check_content(src, st: os.stat_result, inner: str, walk: bool = True) -> Verdict:
     """The decompressed content, as a file of its own. The gzip CRC has proven it is what was
     compressed, so the zero-page rule (for content without CRCs) does not apply."""
     try:
         if inner == "safetensors":
             check_safetensors(src, True, on_disk=False)
             return Verdict(WHOLE, depth=CONTENT, st=st)
-        result, _ = check_torch_zip(src, True, on_disk=False)
+        result, _ = check_torch_zip(src, True, on_disk=False, walk=walk)
         return Verdict(WHOLE, depth=CONTENT, st=st, trailing=result.trailing)
     except _DAMAGE as exc:
         return Verdict(DAMAGED, f"gzip content: {exc}", CONTENT, st)

@@ -48,6 +48,7 @@ from .torchzip import (
     ZIP64_LOCATOR_SIG,
     ZipResult,
     _stoull,
+    numbered_storages,
 )
 
 COMPILE_AFTER = 32  # files of one (entry count, directory size) before a shape is compiled
@@ -69,10 +70,12 @@ _SEEN: dict[tuple[int, int], int] = {}  # files of that key no compiled shape to
 _VERSIONS: dict[bytes, bool] = {}  # a `version` record's bytes -> whether torch.load takes it
 
 
-def check_whole_buffer(buf: bytes) -> ZipResult | None:
+def check_whole_buffer(buf: bytes, crc32: Callable | None = None) -> ZipResult | None:
     """The structural check of the torch.save file whose bytes are all of `buf`: its ZipResult
     when it is whole and in torch.save's own layout, None otherwise (read_layout decides). The
-    bytes are a file's (read_layout's `on_disk`): the data descriptors are checked."""
+    bytes are a file's (read_layout's `on_disk`): the data descriptors are checked. With `crc32`
+    (verify: at-risk's whole read), every entry's CRC-32 too: None where one differs (read_layout
+    and the CRCs say which), and the caller takes a ZipResult saying no_crc to the full check."""
     size = len(buf)
     # (the first local header's flags: torch.save's entries all have a data descriptor)
     if size < 98 or not buf.startswith(LOCAL_SIG) or not buf[6] & 0x8:
@@ -92,7 +95,7 @@ def check_whole_buffer(buf: bytes) -> ZipResult | None:
     trailing = max(0, size - eocd - EOCD.size - comment)
     key = n_total, cd_size
     for check in _SHAPES.get(key, ()):
-        result = check(buf, cd_ofs, trailing)
+        result = check(buf, cd_ofs, trailing, crc32)
         if result is not OTHER:
             return result
     # A directory no compiled shape takes: read_layout checks it, and after COMPILE_AFTER such
@@ -110,7 +113,7 @@ def check_whole_buffer(buf: bytes) -> ZipResult | None:
     if sum(map(len, _SHAPES.values())) >= MAX_SHAPES:
         _SHAPES.clear()
     _SHAPES.setdefault(key, []).append(check)
-    result = check(buf, cd_ofs, trailing)
+    result = check(buf, cd_ofs, trailing, crc32)
     return None if result is OTHER else result
 
 
@@ -162,22 +165,21 @@ def _compile(buf: bytes, cd_ofs: int, n_total: int, cd_size: int) -> Callable | 
                  "local": _LOCAL.unpack_from, "link": _LINK.unpack_from, "error": struct.error, "OTHER": OTHER,
                  "versions": _VERSIONS, "version_ok": _version_ok, "no_crc_of": _no_crc, "new": _new,
                  "ZipResult": ZipResult}
-    exec(_source(n_total, cut, n_names, records), namespace)  # noqa: S102  (our own text: numbers and names only)
+    exec(_source(n_total, cut, n_names, records, numbered_storages(at)), namespace)  # noqa: S102  (our own text: numbers and names only)
     return namespace["check"]
 
 
-def _source(n: int, cut: int, n_names: list[int], records: dict[str, int | None]) -> str:
-    """The text of a shape's check: `check(buf, cd_ofs, trailing)` -> ZipResult, None, or OTHER
-    (not this shape). Only numbers of the shape and names of ours go into it."""
+def _source(n: int, cut: int, n_names: list[int], records: dict[str, int | None], numbered: bool) -> str:
+    """The text of a shape's check: `check(buf, cd_ofs, trailing, crc32)` -> ZipResult, None, or
+    OTHER (not this shape). Only numbers of the shape and names of ours go into it."""
     def each(fmt: str, sep: str = ", ") -> str:
         return sep.join(fmt.format(k=k) for k in range(n))
 
     version, pkl, byteorder, serial, alignment = (records[k] for k in ("version", "pkl", "byteorder", "serial",
                                                                        "alignment"))
-    kept = {r for r in (version, byteorder, serial, alignment) if r is not None}
     fields = ", ".join(f"c{k}, s{k}, u{k}, t{k}, h{k}, f{k}, r{k}" for k in range(n))
     out = [
-        "def check(buf, cd_ofs, trailing):",
+        "def check(buf, cd_ofs, trailing, crc32):",
         f"    lead, {fields}, = unpack(buf, cd_ofs)",
         # the shape: the records' lengths, the names, the flags; the folder the first name's
         f"    if ({each('r{k}')},) != RESTS or ({each('t{k}')},) != TAILS or lead != LEAD"
@@ -206,8 +208,7 @@ def _source(n: int, cut: int, n_names: list[int], records: dict[str, int | None]
             f"        if d != {_DESCRIPTOR_SIG} or crc != c{k}:",
             "            return None",
         ]
-        if k in kept:
-            out.append(f"        a{k} = a")
+        out.append(f"        a{k} = a")
     out += [
         "    except error:  # a header past the end",
         "        return None",
@@ -232,9 +233,18 @@ def _source(n: int, cut: int, n_names: list[int], records: dict[str, int | None]
                 "            int(raw)",
                 "        except ValueError:",
                 "            return None"]
+    # With crc32: every entry's bytes against its CRC (torchzip.check_torch_zip's loop), where
+    # the archive has CRCs (without them the caller runs the full check: the pickle, zero pages).
     out += [
         f"    crcs = ({each('c{k}')},)",
-        f"    return new(ZipResult, (trailing, 0 in crcs and no_crc_of(crcs, ({each('s{k}')},)), False))",
+        f"    no_crc = 0 in crcs and no_crc_of(crcs, ({each('s{k}')},))",
+        "    if crc32 is not None and not no_crc:",
+        # (storages named otherwise than torch.save names them: the pickle walk's, check_torch_zip)
+        *(["        return None"] if not numbered else []),
+        "        view = memoryview(buf)",
+        f"        if ({each('crc32(view[a{k}:a{k} + s{k}])')},) != crcs:",
+        "            return None",
+        "    return new(ZipResult, (trailing, no_crc, False))",
     ]
     return "\n".join(out) + "\n"
 

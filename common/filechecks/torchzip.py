@@ -391,29 +391,40 @@ def read_layout(src: Source, on_disk: bool = True) -> Layout:
     return _new(Layout, (d, prefix, starts, local_names, records, has_data and not has_crc))
 
 
-def check_torch_zip(src: Source, content: bool, on_disk: bool = True) -> tuple[ZipResult, PickleInfo | None]:
+def check_torch_zip(src: Source, content: bool, on_disk: bool = True,
+                    walk: bool = True) -> tuple[ZipResult, PickleInfo | None]:
     """Raises ZipDamage (or PickleDamage) with the reason; Missing for what the Source lacks.
     The structure always (read_layout); with `content`, the pickle walked as torch.load walks
     it, every storage it names present with its exact size, and every entry's CRC-32.
     `on_disk`: the bytes are a file's, which a disk or a crash may have damaged (not a .gz's
     content, which the gzip CRC has proven): then the data descriptors after data.pkl and the
-    storages are checked too, and an archive without CRCs gets the zero-page look."""
+    storages are checked too, and an archive without CRCs gets the zero-page look.
+    `walk=False` (verify: at-risk's whole reads, which look for what a crash tore): the pickle
+    is walked only where the archive has no CRCs, or its entries are not named as torch.save
+    names them. Where it has CRCs, every entry's CRC over the bytes torch reads proves data.pkl
+    and every storage are what the writer wrote (a changed size moves the bytes the CRC covers);
+    what no CRC covers is the central directory's names, by which torch finds the storages
+    data.pkl names: torch.save names them 0..n-1 (torch.serialization._save: `str(len(id_map))`),
+    so with only its own records beside storages named exactly so, they are the ones data.pkl
+    names; any other naming is walked."""
     layout = read_layout(src, on_disk)
     d, starts, record, no_crc = layout.directory, layout.starts, layout.record, layout.no_crc
     if not content:
         return _new(ZipResult, (d.trailing, no_crc, False)), None
-    pkl = record("data.pkl")
-    assert pkl is not None  # read_layout has checked
-    info = read_pickle(_data(src, pkl, starts, pkl.usize))
+    info = None
     storages = {}
-    for key, s in info.storages.items():
-        e = record(f"data/{key}")
-        if e is None:
-            raise ZipDamage(f"storage data/{key} named in data.pkl is not in the archive")
-        if e.usize != s.nbytes:
-            raise ZipDamage(f"storage data/{key} holds {e.usize} bytes; data.pkl says {s.numel} × {s.cls} = "
-                            f"{s.nbytes}")
-        storages[key] = e
+    if walk or no_crc or not numbered_storages(layout.records):
+        pkl = record("data.pkl")
+        assert pkl is not None  # read_layout has checked
+        info = read_pickle(_data(src, pkl, starts, pkl.usize))
+        for key, s in info.storages.items():
+            e = record(f"data/{key}")
+            if e is None:
+                raise ZipDamage(f"storage data/{key} named in data.pkl is not in the archive")
+            if e.usize != s.nbytes:
+                raise ZipDamage(f"storage data/{key} holds {e.usize} bytes; data.pkl says {s.numel} × {s.cls} = "
+                                f"{s.nbytes}")
+            storages[key] = e
     if not no_crc:
         for e in d.entries:
             _readable(e, starts, src.size)
@@ -422,8 +433,17 @@ def check_torch_zip(src: Source, content: bool, on_disk: bool = True) -> tuple[Z
                 raise ZipDamage(f"entry {_label(e.name)}: CRC-32 {got:08x}, the archive says {e.crc:08x} (its "
                                 "bytes are not what was written)")
     elif on_disk:
+        assert info is not None  # (walked: no CRCs)
         _zero_pages(src, info, storages, starts)
     return ZipResult(d.trailing, no_crc, True), info
+
+
+def numbered_storages(records) -> bool:
+    """Whether the records (lower-case names within the archive's folder) are torch.save's own
+    (READ_AT_OPEN) and storages data/0 .. data/n-1, as it names them (check_torch_zip): a storage
+    whose name changed is then neither one of n numbers in a row nor another record."""
+    keys = [k for k in records if k not in _AT_OPEN]
+    return set(keys) == {b"data/%d" % i for i in range(len(keys))}
 
 
 _NAME_EXTRA = struct.Struct("<HH")

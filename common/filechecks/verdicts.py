@@ -25,6 +25,9 @@ class Verdict(NamedTuple):  # a tuple: a million of them are made, and sent betw
     no_crc: bool = False  # a torch.save ZIP without CRCs: its tensor bytes cannot be proven
     gz_shallow: bool = False  # a .gz whose header only was read (not decompressed)
     trailing: int = 0  # bytes after the ZIP end record, ignored as torch.load ignores them
+    # A structural verdict whose read also proved every entry's CRC (check_path's `crcs_from`):
+    # what at-risk's whole read of it would say, without a second read (tally._recent_pass).
+    crcs_proven: bool = False
 
     @property
     def whole(self) -> bool:

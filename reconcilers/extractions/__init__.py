@@ -255,7 +255,7 @@ class ExtractionsReconciler(Reconciler):
             if progress:
                 progress(f"{label}: {stage}", n, of, "samples" if stage == "checking" else "files")
 
-        result = tally.run(tally.Check(root, listing, depth, reread), to_check,
+        result = tally.run(tally.Check(root, listing, depth, reread, walk=verify == "content"), to_check,
                            verify == "at-risk" and first_of_boot, known, ticked)
         newest = result.newest
         mtimes.update(result.mtimes)

@@ -37,11 +37,13 @@ RECENT_WINDOW = 300.0
 POOL_MIN_INDICES = 1000
 POOL_MIN_BYTES = 64 * 2**20
 CHUNK = 512  # indices per task at most (a few milliseconds of structural checks)
+TICK_BATCH = 16  # indices a task checks between two calls of its tick (a few hundred µs: a heartbeat still)
 CONTENT_TASK_BYTES = 16 * 2**20  # bytes read whole per task in phase 2, about
 PRUNE_AT = 4096  # held files before the observer adds up those that have turned out old
 
 
 REFUSED = -2  # a folder's fd in Check's table: not entered (see Check.refused)
+_new = tuple.__new__  # a NamedTuple made without its Python-level __new__
 
 
 class Held(NamedTuple):
@@ -80,8 +82,14 @@ class Tally(NamedTuple):
 class Check:
     """What every task needs, inherited by the workers when they are forked."""
 
-    def __init__(self, root: str, listing: Listing, depth: str, reread: set[int]):
+    def __init__(self, root: str, listing: Listing, depth: str, reread: set[int], walk: bool = True):
         self.root, self.listing, self.depth, self.reread = root, listing, depth, reread
+        # walk=False (verify: at-risk): the files read whole for what a crash can have torn have
+        # their CRCs checked, the pickle walked only where there are none (torchzip.check_torch_zip)
+        self.walk = walk
+        # Set by run() for the first check of a boot under at-risk: a file that may be recent has
+        # its CRCs checked in phase 1's read (check_path's crcs_from), so phase 2 need not read it.
+        self.recent_pass = False
         self.refused: dict[str, str] = {}  # folder -> why it was not entered (a link, a special file)
 
     @cached_property
@@ -97,8 +105,11 @@ class Check:
         newest modification time known so far (of the files checked before): a file within
         RECENT_WINDOW of neither it nor this run's newest cannot be recent, and is added up."""
         lo, hi = span
-        reread, depth, check, check_path = self.reread, self.depth, self._check, self.check_path
+        reread, depth, check, check_path, walk = self.reread, self.depth, self._check, self.check_path, self.walk
         old_before = None if since is None else since - RECENT_WINDOW
+        # (a file older than this is added up at the end of the run, never read again: see below)
+        crcs_from = None if not self.recent_pass or depth != STRUCTURE else \
+            0 if old_before is None else int(old_before * 1e9)
         dirs: dict[str, int | None] = {}
         pending: list[tuple[int, list[tuple[int, str, Verdict]], float | None]] = []
         newest: float | None = None
@@ -107,24 +118,40 @@ class Check:
         no_crc: list[int] = []
         held: list[Held] = []
         checked = content = 0
+        untold = 0  # indices done since the last tick(): told TICK_BATCH at a time (a call less per file)
         try:
             for idx, rels in self.listing.files_in(lo, hi):
+                untold += 1
+                if untold == TICK_BATCH:
+                    tick(untold)
+                    untold = 0
                 d = CONTENT if idx in reread else depth
-                mine = []
-                top = None
-                for k, rel in enumerate(rels):
+                if len(rels) == 1:  # (the usual: one file an index; the loop below, inline)
+                    rel = rels[0]
                     head, _, name = rel.rpartition("/")
                     fd = dirs.get(head, -1)  # (inline: _check, as every file of a first check takes it)
-                    v = check_path(name, d, dir_fd=fd) if fd is not None and fd >= 0 else check(rel, d, dirs)
+                    v = check_path(name, d, fd, walk, crcs_from) if fd is not None and fd >= 0 \
+                        else check(rel, d, dirs, crcs_from)
                     if v.state == GONE:  # vanished between the listing and the check
                         continue
-                    mine.append((k, rel, v))
-                    if v.st is not None:
-                        t = v.st.st_mtime_ns / 1e9
-                        top = max(0.0 if top is None else top, t)
-                tick(1)
-                if not mine:
-                    continue
+                    mine = [(0, rel, v)]
+                    top = None if v.st is None else v.st.st_mtime_ns / 1e9
+                else:
+                    mine = []
+                    top = None
+                    for k, rel in enumerate(rels):
+                        head, _, name = rel.rpartition("/")
+                        fd = dirs.get(head, -1)
+                        v = check_path(name, d, fd, walk, crcs_from) if fd is not None and fd >= 0 \
+                            else check(rel, d, dirs, crcs_from)
+                        if v.state == GONE:
+                            continue
+                        mine.append((k, rel, v))
+                        if v.st is not None:
+                            t = v.st.st_mtime_ns / 1e9
+                            top = max(0.0 if top is None else top, t)
+                    if not mine:
+                        continue
                 if top is not None and (newest is None or top > newest):
                     newest = top
                 if old_before is None or top is None or top >= old_before:
@@ -146,6 +173,8 @@ class Check:
             for fd in set(dirs.values()):
                 if fd is not None and fd >= 0:
                     os.close(fd)
+        if untold:
+            tick(untold)
         top_known = newest if since is None or (newest is not None and newest > since) else since
         recent_from = None if top_known is None else top_known - RECENT_WINDOW
         for idx, mine, top in pending:
@@ -163,7 +192,7 @@ class Check:
                     no_crc.append(idx)
         return Part(to_ranges(good), to_ranges(gz), to_ranges(no_crc), checked, content, newest, held)
 
-    def _check(self, rel: str, depth: str, dirs: dict[str, int | None]) -> Verdict:
+    def _check(self, rel: str, depth: str, dirs: dict[str, int | None], crcs_from: int | None = None) -> Verdict:
         """check_path, opening the file relative to its directory, kept open for the task."""
         head, _, name = rel.rpartition("/")
         if head not in dirs:
@@ -194,7 +223,7 @@ class Check:
             return Verdict(UNREADABLE, f"unreadable: {self.refused[head]}", depth)
         if fd is None:  # gone since the listing: never a path walked again instead
             return Verdict(GONE, depth=depth)
-        return self.check_path(name, depth, dir_fd=fd)
+        return self.check_path(name, depth, fd, self.walk, crcs_from)
 
     def content(self, items: list[tuple[int, str]], tick: Callable[[int], None],
                 _since: float | None = None) -> list[tuple[int, Verdict]]:
@@ -229,6 +258,7 @@ def run(check: Check, to_check: list[tuple[int, int]], recent_pass: bool, known:
     from .pool import TICK_EVERY, map_forked, worker_count  # (with the first file to check, as check_path)
 
     check.check_path  # noqa: B018  (imported here, once, before any worker is forked)
+    check.recent_pass = recent_pass
     spans = _spans(to_check, max(64, min(CHUNK, total // 64)))[::-1]  # >= 64 tasks where there are enough
     done = [0, 0.0]  # files done, when on_tick was last called
 
@@ -322,8 +352,17 @@ def _recent_pass(check: Check, held: list[Held], since: float,
     read whole; a verdict replaces the structural one unless the file is gone by then."""
     todo = [n for n, h in enumerate(held)
             if (h.v.whole or h.v.state == UNPROVEN) and h.v.depth == STRUCTURE and h.v.st.st_mtime_ns / 1e9 >= since]
+    out = list(held)
+    read = []
+    for n in todo:  # proven by their CRCs in phase 1's read: what reading them again would say
+        h = held[n]
+        if h.v.crcs_proven:  # (made directly: _replace costs µs, and a first check has thousands)
+            out[n] = Held(h.idx, h.k, h.rel, _new(Verdict, (*h.v[:2], CONTENT, *h.v[3:7], False)))
+        else:
+            read.append(n)
+    todo = read
     if not todo:
-        return held
+        return out
     tasks: list[list[tuple[int, str]]] = [[]]
     load = 0
     per_task = max(1, min(CHUNK, len(todo) // 64))  # >= 64 tasks where there are enough files
@@ -344,7 +383,6 @@ def _recent_pass(check: Check, held: list[Held], since: float,
 
     big = nbytes >= POOL_MIN_BYTES or len(todo) >= POOL_MIN_INDICES
     workers = worker_count(check.root, len(tasks)) if big else 1
-    out = list(held)
     for result in map_forked(check.content, tasks, workers, tick2):
         for n, v in result:
             out[n] = out[n]._replace(v=v)
