@@ -48,6 +48,12 @@ def pool_df(c: Cluster, pool: str) -> dict:
     return next(p["stats"] for p in c.json("df", "detail")["pools"] if p["name"] == pool)
 
 
+def df_objects(c: Cluster, pool: str) -> int | None:
+    """The objects `ceph df` counts in POOL; None while it does not list the pool yet (the manager,
+    which answers `ceph df`, learns of a new pool from the PG stats, a while after it is made)."""
+    return next((p["stats"]["objects"] for p in c.json("df", "detail")["pools"] if p["name"] == pool), None)
+
+
 def one(doc: dict) -> dict:
     assert doc is not None
     (res,) = doc["resources"]
@@ -88,7 +94,7 @@ def put(c: Cluster, pool: str, tmp: Path, count: int, size: int = 4 << 20, may_b
 
 def settled(c: Cluster, pool: str) -> int:
     listed = len(c.tool("rados", "-p", pool, "ls").stdout.split())
-    wait_for("`ceph df` counts what `rados ls` lists", lambda: pool_df(c, pool)["objects"] == listed)
+    wait_for("`ceph df` counts what `rados ls` lists", lambda: df_objects(c, pool) == listed)
     return pool_df(c, pool)["stored"]
 
 
