@@ -29,6 +29,7 @@ def new_pool(c: Cluster, prefix: str) -> str:
     c.ceph("osd", "pool", "create", name, "8")
     c.ceph("osd", "pool", "application", "enable", name, "rbd")
     c.wait_clean()
+    wait_for(f"`ceph df` lists {name}", lambda: df_objects(c, name) is not None)
     return name
 
 
