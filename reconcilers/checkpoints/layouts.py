@@ -33,6 +33,7 @@ from ...common.filechecks.torchzip import check_torch_zip
 from ...common.quarantine import QUARANTINE
 from ...common.usertree import JSON_LIMIT, Tree, UnsafeTree, open_file, read_in
 from .observed import StepObserved
+from .treefiles import zip_crcs
 
 HF_DIR = re.compile(r"^checkpoint-(\d+)$")  # transformers trainer_utils._re_checkpoint
 LAST_STEM = re.compile(r"^last(-(\d+))?")  # lightning ModelCheckpoint._find_last_checkpoints
@@ -75,13 +76,10 @@ def file_check(path: str, depth: str) -> tuple[bool, str]:
         if not s.whole:
             return False, s.reason or s.state
         try:
-            with os.fdopen(open_file(path), "rb") as fh, zipfile.ZipFile(fh) as z:  # no link followed
-                bad = z.testzip()
-        except (OSError, zipfile.BadZipFile, EOFError, ValueError) as exc:
+            fd = open_file(path)  # no link followed
+        except OSError as exc:
             return False, f"{type(exc).__name__}: {exc}"[:200]
-        if bad is not None:
-            return False, f"entry {bad}: CRC-32 does not match (damaged)"
-        return True, ""
+        return zip_crcs(fd)
     if not v.whole:
         return False, v.reason or v.state
     if v.no_crc:
